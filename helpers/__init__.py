@@ -1,0 +1,1 @@
+"""Entry points of jit_ahead's helper subprocesses (installed as ``jit_ahead_helpers``)."""

@@ -1,0 +1,97 @@
+"""A helper subprocess: ``python -m jit_ahead_helpers.worker READ_FD WRITE_FD``.
+
+It lowers its own priority to nice 19, reads a Configure message, imports and warms up the family's
+builder, answers Ready, then builds one job at a time until Shutdown or until the pool's end of the
+pipe closes. A failed build is reported in its reply and never ends the helper.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+
+from jit_ahead.core.helper_env import is_scrubbed
+from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
+                                     write_message)
+
+log = logging.getLogger("jit_ahead.helper")
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(19 - os.nice(0))
+    except OSError as exc:
+        log.warning("could not lower this helper's priority to nice 19: %s", exc)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit if the pool's process goes away while a long build keeps us from reading the pipe."""
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _preload(modules) -> PreloadDone:
+    failed = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a broken kernel module fails its own builds, not the helper
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return PreloadDone(failed)
+
+
+def _describe_self() -> dict:
+    """What the pool and tests check about a helper's isolation."""
+    return {"nice": os.nice(0), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "launcher_vars": sorted(k for k in os.environ if is_scrubbed(k))}
+
+
+def _build(builder, job: Job) -> JobDone:
+    t0 = time.perf_counter()
+    try:
+        details = builder.build(job.request.payload) or {}
+        return JobDone(job.job_id, job.request.key, True, time.perf_counter() - t0, None, details)
+    except Exception as exc:
+        error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
+        return JobDone(job.job_id, job.request.key, False, time.perf_counter() - t0, error.rstrip())
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"[jit_ahead helper {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    _lower_priority()
+    _exit_with_parent(os.getppid())
+    inbox = os.fdopen(int(argv[1]), "rb", buffering=0)
+    outbox = os.fdopen(int(argv[2]), "wb", buffering=0)
+    config = read_message(inbox)
+    if not isinstance(config, Configure):
+        log.error("expected Configure first, got %r", type(config).__name__)
+        return 2
+    sys.path[:] = list(config.sys_path)
+    t0 = time.perf_counter()
+    builder = importlib.import_module(config.builder)
+    info = {**_describe_self(), **(builder.prepare() or {})}
+    write_message(outbox, Ready(os.getpid(), time.perf_counter() - t0, info))
+    while True:
+        message = read_message(inbox)
+        if message is None or isinstance(message, Shutdown):
+            return 0
+        if isinstance(message, Preload):
+            write_message(outbox, _preload(message.modules))
+        elif isinstance(message, Job):
+            write_message(outbox, _build(builder, message))
+        else:
+            log.error("ignoring unexpected message %r", type(message).__name__)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

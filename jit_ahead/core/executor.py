@@ -1,0 +1,69 @@
+"""What a launch on the executor does when the variant it needs is not loaded: the family-agnostic part.
+
+The family has already checked the disk. Here the launch either finds the build done, waits for a
+helper that is building it, or builds it in place on the calling thread, whichever the pool's
+measurements say is faster, and never two builds of one key.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+
+from .pool import HelperPool
+from .priority import Priority
+from .requests import BuildRequest, BuildResult
+from .table import State
+
+log = logging.getLogger("jit_ahead.executor")
+
+# How often a launch waiting on a queued (not yet started) request re-decides between waiting and
+# building in place: the helpers' load and the queue change while it waits.
+_REDECIDE_S = 0.05
+
+
+class Outcome(enum.Enum):
+    READY = "ready"  # a build finished (possibly after a wait): load it
+    BUILT_HERE = "built_here"  # this thread built it in place
+    FALLBACK = "fallback"  # failed, quarantined or timed out: the DSL's normal path compiles
+
+
+def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[BuildRequest], BuildResult],
+           timeout: float) -> tuple[Outcome, float]:
+    """Make sure ``request`` is built before the launch goes on; returns the outcome and seconds spent."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    ticket = pool.submit(request, Priority.URGENT)
+    while True:
+        state = ticket.state
+        if state is State.DONE:
+            return Outcome.READY, time.monotonic() - t0
+        if state in (State.FAILED, State.QUARANTINED) or pool.closed:
+            return Outcome.FALLBACK, time.monotonic() - t0
+        if state is State.QUEUED and pool.prefer_in_place(ticket) and pool.table.claim(ticket, "executor"):
+            return _build_in_place(pool, ticket, build_here), time.monotonic() - t0
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            log.warning("waited %.1fs for %s (%s by %s); giving up the wait and compiling in place "
+                        "(JIT_AHEAD_WAIT_TIMEOUT_S)", timeout, request.label, state.value, ticket.owner)
+            return Outcome.FALLBACK, time.monotonic() - t0
+        pool.table.wait_for_change(ticket, min(remaining, _REDECIDE_S) if state is State.QUEUED else remaining)
+
+
+def _build_in_place(pool: HelperPool, ticket, build_here) -> Outcome:
+    request = ticket.request
+    t0 = time.perf_counter()
+    try:
+        result = build_here(request)
+    except Exception as exc:  # the builder reports its own errors; this is a bug guard
+        log.exception("building %s in place failed unexpectedly", request.label)
+        result = BuildResult(request.key, False, time.perf_counter() - t0, "executor", repr(exc))
+    pool.table.finish(ticket, result)
+    pool.stats.emit("build_finish", family=request.family, key=request.key, label=request.label,
+                    helper="executor", ok=result.ok, error=result.error, seconds=result.seconds)
+    if result.ok:
+        pool.record_local_build(result.seconds)
+        return Outcome.BUILT_HERE
+    log.error("building %s in place failed:\n%s", request.label, result.error)
+    return Outcome.FALLBACK

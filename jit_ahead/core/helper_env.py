@@ -1,0 +1,33 @@
+"""The environment a helper process starts with.
+
+Helpers inherit the server's environment so that every cache-invalidating variable is exactly the
+server's, with three kinds of changes: no GPU is visible, launcher variables that could make the helper
+join the job (MPI, PMI, Slurm, UCX, torch.distributed) are removed, and family-specific overrides such
+as the absolute cache directory are applied.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+_SCRUBBED_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "UCX_", "I_MPI_", "MPI_", "MV2_", "HYDRA_",
+                      "TORCHELASTIC_")
+_SCRUBBED_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                             "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "PMI_FD", "PMI_RANK", "PMI_SIZE"})
+_HIDDEN_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+# Set in every helper: the start-up switch must never start a pool inside a helper.
+HELPER_MARKER = "JIT_AHEAD_HELPER"
+
+
+def is_scrubbed(name: str) -> bool:
+    return name in _SCRUBBED_NAMES or name.startswith(_SCRUBBED_PREFIXES)
+
+
+def helper_environment(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not is_scrubbed(k)}
+    for name in _HIDDEN_DEVICES:
+        env[name] = ""
+    env["JIT_AHEAD"] = "0"
+    env[HELPER_MARKER] = "1"
+    env.update(overrides)
+    return env

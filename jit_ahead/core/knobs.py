@@ -1,0 +1,83 @@
+"""Environment knobs. A bad value logs one line naming the problem and the fallback, never raises."""
+from __future__ import annotations
+
+import logging
+import os
+
+import psutil
+
+log = logging.getLogger("jit_ahead.knobs")
+
+# Variables launchers set to say how many ranks share this node, most specific first.
+_LOCAL_SIZE_VARS = (
+    "LOCAL_WORLD_SIZE",  # torchrun
+    "OMPI_COMM_WORLD_LOCAL_SIZE",  # Open MPI
+    "MPI_LOCALNRANKS",  # MPICH / Intel MPI
+    "MV2_COMM_WORLD_LOCAL_SIZE",  # MVAPICH
+    "SLURM_NTASKS_PER_NODE",  # Slurm; may read "8(x2)"
+)
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        log.error("%s=%r is not an integer >= %d; using the default %d", name, raw, minimum, default)
+        return default
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not value >= minimum:  # also rejects nan
+        log.error("%s=%r is not a number >= %g; using the default %g", name, raw, minimum, default)
+        return default
+    return value
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity and cgroup-pinned sets), not the machine's count."""
+    try:
+        return max(1, len(psutil.Process().cpu_affinity()))
+    except (AttributeError, NotImplementedError, psutil.Error):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_rank_count() -> int:
+    for name in _LOCAL_SIZE_VARS:
+        raw = os.environ.get(name, "").strip()
+        digits = raw.split("(", 1)[0]
+        if digits.isdigit() and int(digits) > 0:
+            return int(digits)
+    return 1
+
+
+def default_worker_count() -> int:
+    """Helpers per rank: the CPUs left per local rank after one for the rank's own executor."""
+    return max(1, usable_cpus() // local_rank_count() - 1)
+
+
+def worker_count(knob: str) -> int:
+    """Helpers for one family; ``0`` means no helpers (every miss builds in place)."""
+    return env_int(knob, default_worker_count(), minimum=0)
+
+
+def wait_timeout_s() -> float:
+    """How long a launch waits on another's build before it falls back to the DSL's own path."""
+    return env_float("JIT_AHEAD_WAIT_TIMEOUT_S", 120.0, minimum=0.0)
+
+
+def build_timeout_s() -> float:
+    """A helper build that runs longer than this is killed and counts as a crash."""
+    return env_float("JIT_AHEAD_BUILD_TIMEOUT_S", 600.0, minimum=1.0)

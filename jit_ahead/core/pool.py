@@ -1,0 +1,396 @@
+"""A family-agnostic pool of long-lived helper subprocesses.
+
+Each helper slot is served by one thread that starts the helper, hands it one job at a time from the
+request table, and reads the result. A helper that dies (exit, signal, ``kill -9``) closes its pipe, so
+the slot thread sees end-of-stream at once, gives the job's claim back to the table (waiters wake and
+may build in place) and starts a new helper after a backoff. The pool knows nothing about any DSL:
+the family names a builder module that helpers import, and its requests carry opaque payloads.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from .helper_env import helper_environment
+from .priority import Priority
+from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
+                       write_message)
+from .requests import BuildRequest, BuildResult
+from .stats import Stats
+from .table import RequestTable, State, Ticket
+
+log = logging.getLogger("jit_ahead.pool")
+
+HELPER_ENTRY = "jit_ahead_helpers.worker"
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the pool needs to know about a family: its name and the builder helpers import."""
+
+    name: str
+    builder: str  # importable module with prepare() -> dict and build(payload) -> dict
+    workers_knob: str
+
+
+class Ewma:
+    """Exponentially weighted mean of build seconds: the pool's measurement of how long builds take."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+        self.samples = 0
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else self.alpha * sample + (1 - self.alpha) * self.value
+        self.samples += 1
+
+
+class _Helper:
+    """One running helper process and the parent's ends of its two pipes."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, to_helper, from_helper) -> None:
+        self.name = name
+        self.proc = proc
+        self.to_helper = to_helper
+        self.from_helper = from_helper
+        self.sent_preload = 0  # how many of the pool's preload modules this helper was sent
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, message: object) -> bool:
+        try:
+            write_message(self.to_helper, message)
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def receive(self, timeout: float | None) -> object:
+        """The next message; None at end of stream; TimeoutError if nothing came within ``timeout``."""
+        if timeout is not None:
+            readable, _, _ = select.select([self.from_helper], [], [], timeout)
+            if not readable:
+                raise TimeoutError
+        return read_message(self.from_helper)
+
+    def describe_exit(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def stop(self, grace: float) -> None:
+        if self.proc.poll() is None:
+            self.send(Shutdown())
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.to_helper, self.from_helper):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class HelperPool:
+    """Helpers for one family plus its request table.
+
+    ``workers=0`` starts no helpers: requests stay queued and every miss builds in place.
+    """
+
+    def __init__(self, family: FamilySpec, *, workers: int, stats: Stats,
+                 env_overrides: dict[str, str] | None = None, python: str = sys.executable,
+                 build_timeout: float = 600.0, start_timeout: float = 120.0, quarantine_after: int = 2,
+                 backoff_initial: float = 0.5, backoff_max: float = 30.0, max_start_failures: int = 5) -> None:
+        self.family = family
+        self.workers = workers
+        self.stats = stats
+        self.table = RequestTable(quarantine_after=quarantine_after)
+        self.helper_seconds = Ewma()  # measured helper build time, per build
+        self.local_seconds = Ewma()  # measured in-place build time on the executor, per build
+        self._env = helper_environment(os.environ, env_overrides or {})
+        self._python = python
+        self._build_timeout = build_timeout
+        self._start_timeout = start_timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._max_start_failures = max_start_failures
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._helpers: dict[int, _Helper] = {}
+        self._starting = 0  # slots that are starting a helper right now
+        self._preload: list[str] = []
+        self._bad_preloads: set[str] = set()
+        self._job_ids = iter(range(1, 1 << 62))
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._threads:
+                return
+            for slot in range(self.workers):
+                thread = threading.Thread(target=self._slot_main, args=(slot,), daemon=True,
+                                          name=f"jit_ahead-{self.family.name}-slot{slot}")
+                self._threads.append(thread)
+        for thread in self._threads:
+            thread.start()
+
+    def close(self, grace: float = 5.0) -> None:
+        """Stop taking work, ask helpers to exit, kill those that do not within ``grace`` seconds."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.table.close()
+        with self._lock:
+            helpers = list(self._helpers.values())
+        for helper in helpers:
+            helper.stop(grace)
+        for thread in self._threads:
+            thread.join(timeout=grace + 1)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    # -- requests ------------------------------------------------------------------------------------
+    def submit(self, request: BuildRequest, priority: Priority) -> Ticket:
+        if request.family != self.family.name:
+            raise ValueError(f"request for family {request.family!r} sent to the {self.family.name!r} pool")
+        ticket = self.table.submit(request, priority)
+        self.stats.emit("queued", family=self.family.name, key=request.key, label=request.label,
+                        priority=ticket.priority.name)
+        return ticket
+
+    def preload(self, modules) -> None:
+        """Have every helper, present and future, import these modules before its next build."""
+        with self._lock:
+            for name in modules:
+                if name not in self._preload:
+                    self._preload.append(name)
+
+    # -- measurements used by the executor's choice -------------------------------------------------------
+    def live_helpers(self) -> int:
+        with self._lock:
+            return len(self._helpers)
+
+    def helper_pids(self) -> dict[str, int]:
+        with self._lock:
+            return {h.name: h.pid for h in self._helpers.values()}
+
+    def may_get_helpers(self) -> bool:
+        """True while a helper is running or a slot is still starting one."""
+        with self._lock:
+            return bool(self._helpers) or self._starting > 0
+
+    def expected_helper_wait(self, ticket: Ticket) -> float | None:
+        """Seconds until a helper would finish ``ticket`` if we wait, by measurement; None if unknown."""
+        helpers = self.live_helpers()
+        if helpers == 0:
+            return None
+        per_build = self.helper_seconds.value
+        if per_build is None:
+            return None
+        busy = [t for t in self.table.running() if t.owner and t.owner.startswith("helper")]
+        now = time.monotonic()
+        if len(busy) < helpers:
+            free_in = 0.0
+        else:
+            free_in = min(max(0.0, per_build - (now - (t.started_at or now))) for t in busy)
+        rounds = self.table.queued_ahead(ticket) // helpers
+        return free_in + rounds * per_build + per_build
+
+    def prefer_in_place(self, ticket: Ticket) -> bool:
+        """Whether building ``ticket`` on the calling thread now beats waiting for a helper."""
+        if not self.may_get_helpers() or ticket.crashes:
+            return True
+        helper_wait = self.expected_helper_wait(ticket)
+        if helper_wait is None:
+            # No helper measurement yet: waiting costs a full build at worst; prefer a free helper.
+            return self.live_helpers() == 0
+        local = self.local_seconds.value if self.local_seconds.value is not None else helper_wait
+        return local < helper_wait
+
+    # -- slots --------------------------------------------------------------------------------------------
+    def _slot_main(self, slot: int) -> None:
+        backoff = self._backoff_initial
+        failures = 0
+        while not self._closed.is_set():
+            with self._lock:
+                self._starting += 1
+            try:
+                helper = self._start_helper(slot)
+            finally:
+                with self._lock:
+                    self._starting -= 1
+            if helper is None:
+                failures += 1
+                if failures >= self._max_start_failures:
+                    log.error("%s helper slot %d: %d starts failed in a row; running with one helper fewer, "
+                              "misses build in place", self.family.name, slot, failures)
+                    break
+            else:
+                failures = 0
+                with self._lock:
+                    self._helpers[slot] = helper
+                try:
+                    if self._serve(helper):
+                        backoff = self._backoff_initial
+                finally:
+                    with self._lock:
+                        self._helpers.pop(slot, None)
+                    helper.stop(0.5)
+            self.table.notify()  # launches waiting on queued work re-decide: a helper went away
+            if self._closed.wait(backoff):
+                break
+            backoff = min(backoff * 2, self._backoff_max)
+        self.table.notify()
+
+    def _start_helper(self, slot: int) -> _Helper | None:
+        name = f"helper-{slot}"
+        t0 = time.perf_counter()
+        to_parent_r, to_parent_w = os.pipe()
+        to_helper_r, to_helper_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [self._python, "-m", HELPER_ENTRY, str(to_helper_r), str(to_parent_w)],
+                pass_fds=(to_helper_r, to_parent_w), env=self._env, stdin=subprocess.DEVNULL,
+                stdout=2,  # a helper's prints must never reach the server's stdout
+                start_new_session=True,  # a Ctrl-C to the server's terminal is the server's to handle
+            )
+        except OSError as exc:
+            for fd in (to_parent_r, to_parent_w, to_helper_r, to_helper_w):
+                os.close(fd)
+            log.error("%s %s could not be started (%s); retrying with backoff", self.family.name, name, exc)
+            return None
+        os.close(to_helper_r)
+        os.close(to_parent_w)
+        helper = _Helper(name, proc, os.fdopen(to_helper_w, "wb", buffering=0),
+                         os.fdopen(to_parent_r, "rb", buffering=0))
+        ready = None
+        if helper.send(Configure(sys_path=tuple(sys.path), builder=self.family.builder)):
+            try:
+                ready = helper.receive(self._start_timeout)
+            except (TimeoutError, ProtocolError, EOFError):
+                ready = None
+        if not isinstance(ready, Ready):
+            reason = "no handshake" if ready is None else f"unexpected {type(ready).__name__}"
+            log.error("%s %s (pid %d) failed to start: %s, %s", self.family.name, name, proc.pid, reason,
+                      helper.describe_exit() if proc.poll() is not None else "killed")
+            helper.stop(0.0)
+            return None
+        self.stats.emit("helper_ready", family=self.family.name, helper=name, pid=proc.pid,
+                        seconds=time.perf_counter() - t0, info=ready.info)
+        log.debug("%s %s ready (pid %d) in %.2fs", self.family.name, name, proc.pid, time.perf_counter() - t0)
+        return helper
+
+    def _send_preloads(self, helper: _Helper) -> bool:
+        """Send the preload modules this helper has not seen; False if it died importing them."""
+        with self._lock:
+            new = tuple(m for m in self._preload[helper.sent_preload:] if m not in self._bad_preloads)
+            helper.sent_preload = len(self._preload)
+        if not new:
+            return True
+        reply = None
+        if helper.send(Preload(new)):
+            try:
+                reply = helper.receive(self._build_timeout)
+            except (TimeoutError, ProtocolError):
+                helper.proc.kill()
+        if isinstance(reply, PreloadDone):
+            for module, error in reply.failed.items():
+                log.warning("%s %s could not preload %s (%s); its builds will report the error",
+                            self.family.name, helper.name, module, error)
+            return True
+        # The helper died importing one of these: never preload them again; a build that needs one
+        # imports it inside the job, where a crash is charged to that request (and can quarantine it).
+        with self._lock:
+            self._bad_preloads.update(new)
+        log.warning("%s %s (pid %d) died while preloading %s (%s); those modules will not be preloaded",
+                    self.family.name, helper.name, helper.pid, ", ".join(new), helper.describe_exit())
+        return False
+
+    def _serve(self, helper: _Helper) -> bool:
+        """Feed ``helper`` jobs until it dies or the pool closes; True if it finished a build."""
+        built = False
+        while not self._closed.is_set():
+            if helper.proc.poll() is not None:
+                log.warning("%s %s (pid %d) exited while idle (%s); starting a new one", self.family.name,
+                            helper.name, helper.pid, helper.describe_exit())
+                return built
+            if not self._send_preloads(helper):
+                return built
+            ticket = self.table.take_next(helper.name, timeout=0.2)
+            if ticket is None:
+                continue
+            alive = self._run_job(helper, ticket)
+            built = built or alive
+            if not alive:
+                return built
+        return built
+
+    def _run_job(self, helper: _Helper, ticket: Ticket) -> bool:
+        """Build one ticket in ``helper``; False if the helper is gone afterwards."""
+        request = ticket.request
+        job_id = next(self._job_ids)
+        self.stats.emit("build_start", family=self.family.name, key=request.key, label=request.label,
+                        helper=helper.name, priority=ticket.priority.name)
+        if not helper.send(Job(job_id, request)):
+            self.table.release(ticket, crashed=False)
+            return False
+        t0 = time.perf_counter()
+        try:
+            reply = helper.receive(self._build_timeout)
+        except TimeoutError:
+            log.error("%s %s (pid %d) spent over %.0fs building %s; killed, counted as a crash",
+                      self.family.name, helper.name, helper.pid, self._build_timeout, request.label)
+            helper.proc.kill()
+            reply = None
+        except ProtocolError as exc:
+            log.error("%s %s (pid %d): broken reply while building %s (%s)", self.family.name, helper.name,
+                      helper.pid, request.label, exc)
+            reply = None
+        if not isinstance(reply, JobDone) or reply.job_id != job_id:
+            # The helper died mid-build (or sent garbage): release the claim at once so a waiting
+            # launch builds in place now, not after its timeout.
+            how = helper.describe_exit() if reply is None else f"unexpected reply {type(reply).__name__}"
+            state = self.table.release(ticket, crashed=True)
+            log.warning("%s %s (pid %d) died while building %s (%s); claim released, request %s",
+                        self.family.name, helper.name, helper.pid, request.label, how, state.value)
+            self.stats.emit("helper_crash", family=self.family.name, key=request.key, label=request.label,
+                            helper=helper.name, how=how, state=state.value,
+                            seconds=time.perf_counter() - t0)
+            if reply is not None:
+                helper.proc.kill()
+            return False
+        result = BuildResult(key=request.key, ok=reply.ok, seconds=reply.seconds, builder=helper.name,
+                             error=reply.error, details=reply.details)
+        if reply.ok:
+            self.helper_seconds.add(reply.seconds)
+        else:
+            log.error("%s %s failed to build %s:\n%s", self.family.name, helper.name, request.label, reply.error)
+        self.table.finish(ticket, result)
+        self.stats.emit("build_finish", family=self.family.name, key=request.key, label=request.label,
+                        helper=helper.name, ok=reply.ok, error=reply.error, seconds=reply.seconds)
+        return True
+
+    # -- in-place builds on the executor --------------------------------------------------------------------
+    def record_local_build(self, seconds: float) -> None:
+        self.local_seconds.add(seconds)

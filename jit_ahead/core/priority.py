@@ -1,0 +1,19 @@
+"""Request priorities, highest first."""
+from __future__ import annotations
+
+import enum
+
+
+class Priority(enum.IntEnum):
+    """Why a variant is wanted. A lower value is served first.
+
+    URGENT: a launch on the executor is blocked on it right now.
+    WARMUP: the engine's next warmup forward or CUDA-graph capture needs it.
+    REPLAY: an earlier run of the same deployment used it.
+    BACKGROUND: a provider enumerated it as reachable within the engine limits.
+    """
+
+    URGENT = 0
+    WARMUP = 1
+    REPLAY = 2
+    BACKGROUND = 3

@@ -1,0 +1,80 @@
+"""One jit_ahead session per process: the families' pools and hooks, and the stats every part reports to."""
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import threading
+
+from .stats import Stats
+
+log = logging.getLogger("jit_ahead.session")
+
+# Families by name, as "module:Class"; imported only when a session asks for them.
+FAMILIES = {"triton": "jit_ahead.triton.family:TritonFamily"}
+
+
+def _family_class(name: str):
+    try:
+        module, _, cls = FAMILIES[name].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown jit_ahead family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
+    return getattr(importlib.import_module(module), cls)
+
+
+class Session:
+    def __init__(self, families=("triton",), *, stats: Stats | None = None, **family_options) -> None:
+        self.stats = stats or Stats()
+        self.families = {name: _family_class(name)(self.stats, **family_options.get(name, {}))
+                         for name in families}
+        self._closed = False
+
+    def __getattr__(self, name: str):
+        families = self.__dict__.get("families", {})
+        if name in families:
+            return families[name]
+        raise AttributeError(name)
+
+    def start(self) -> "Session":
+        for family in self.families.values():
+            family.start()
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for family in self.families.values():
+            family.close()
+
+    def __enter__(self) -> "Session":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_current: Session | None = None
+_current_lock = threading.Lock()
+
+
+def start(families=("triton",), **options) -> Session:
+    """Start this process's session (idempotent): helpers start, hooks install."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = Session(families, **options).start()
+            atexit.register(_current.close)
+        return _current
+
+
+def current() -> Session | None:
+    return _current
+
+
+def stop() -> None:
+    global _current
+    with _current_lock:
+        session, _current = _current, None
+    if session is not None:
+        session.close()

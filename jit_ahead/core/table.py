@@ -1,0 +1,211 @@
+"""The request table: one priority queue plus the in-flight table, deduplicated by artifact key.
+
+Every state change happens under one lock and wakes every waiter, so any thread (a helper slot, a
+launch on the executor, a readiness check) can wait on a ticket with a timeout.
+"""
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .priority import Priority
+from .requests import BuildRequest, BuildResult
+
+log = logging.getLogger("jit_ahead.table")
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"
+
+
+SETTLED = frozenset({State.DONE, State.FAILED, State.QUARANTINED})
+
+
+@dataclass(eq=False)
+class Ticket:
+    """The table's record of one artifact key. Fields change only under the table's lock."""
+
+    request: BuildRequest
+    priority: Priority
+    state: State = State.QUEUED
+    owner: str | None = None  # who builds it while RUNNING: "helper-N" or "executor"
+    crashes: int = 0  # helpers that died while building it
+    started_at: float | None = None
+    result: BuildResult | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    _table: "RequestTable | None" = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        return self.request.key
+
+    def wait(self, timeout: float | None = None) -> State:
+        """Block until the ticket is settled (done, failed or quarantined) or ``timeout`` passes."""
+        assert self._table is not None
+        return self._table.wait_until(self, lambda t: t.state in SETTLED, timeout)
+
+
+class RequestTable:
+    def __init__(self, *, quarantine_after: int = 2) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._tickets: dict[str, Ticket] = {}
+        # Heap of (priority, sequence, key). Raising a priority pushes a new entry; stale entries are
+        # skipped when popped (lazy deletion), which keeps every operation O(log n).
+        self._heap: list[tuple[int, int, str]] = []
+        self._seq = itertools.count()
+        self._quarantine_after = quarantine_after
+        self._closed = False
+
+    # -- submission ---------------------------------------------------------------------------
+    def submit(self, request: BuildRequest, priority: Priority) -> Ticket:
+        """Queue ``request`` unless its key is known; a queued key is raised to ``priority``."""
+        with self._cond:
+            ticket = self._tickets.get(request.key)
+            if ticket is None:
+                ticket = Ticket(request=request, priority=priority, _table=self)
+                self._tickets[request.key] = ticket
+                self._push(ticket)
+                self._cond.notify_all()
+            elif priority < ticket.priority:
+                ticket.priority = priority
+                if ticket.state is State.QUEUED:
+                    self._push(ticket)
+                    self._cond.notify_all()
+            return ticket
+
+    def _push(self, ticket: Ticket) -> None:
+        heapq.heappush(self._heap, (int(ticket.priority), next(self._seq), ticket.key))
+
+    # -- taking work ----------------------------------------------------------------------------
+    def take_next(self, owner: str, timeout: float) -> Ticket | None:
+        """Pop the highest-priority queued ticket and mark it RUNNING for ``owner``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._closed:
+                while self._heap:
+                    prio, _, key = heapq.heappop(self._heap)
+                    ticket = self._tickets[key]
+                    if ticket.state is State.QUEUED and int(ticket.priority) == prio:
+                        self._mark_running(ticket, owner)
+                        return ticket
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            return None
+
+    def claim(self, ticket: Ticket, owner: str) -> bool:
+        """Take a queued ticket out of the queue to build it elsewhere (in place on the executor)."""
+        with self._cond:
+            if ticket.state is not State.QUEUED:
+                return False
+            self._mark_running(ticket, owner)
+            return True
+
+    def _mark_running(self, ticket: Ticket, owner: str) -> None:
+        ticket.state = State.RUNNING
+        ticket.owner = owner
+        ticket.started_at = time.monotonic()
+        self._cond.notify_all()
+
+    # -- completion -----------------------------------------------------------------------------
+    def finish(self, ticket: Ticket, result: BuildResult) -> None:
+        with self._cond:
+            ticket.result = result
+            ticket.state = State.DONE if result.ok else State.FAILED
+            ticket.owner = None
+            self._cond.notify_all()
+
+    def release(self, ticket: Ticket, *, crashed: bool) -> State:
+        """Give a RUNNING ticket back at once: its builder died (``crashed``) or gave up.
+
+        A ticket whose builders died ``quarantine_after`` times is quarantined: reported, never
+        handed to a helper again.
+        """
+        with self._cond:
+            if ticket.state is not State.RUNNING:
+                return ticket.state
+            ticket.owner = None
+            ticket.started_at = None
+            if crashed:
+                ticket.crashes += 1
+            if ticket.crashes >= self._quarantine_after:
+                ticket.state = State.QUARANTINED
+                log.error("quarantined %s: it killed %d helpers; it will not be built ahead again",
+                          ticket.request.label, ticket.crashes)
+            else:
+                ticket.state = State.QUEUED
+                self._push(ticket)
+            self._cond.notify_all()
+            return ticket.state
+
+    # -- waiting and inspection -------------------------------------------------------------------
+    def wait_until(self, ticket: Ticket, predicate, timeout: float | None) -> State:
+        with self._cond:
+            self._cond.wait_for(lambda: predicate(ticket) or self._closed, timeout)
+            return ticket.state
+
+    def wait_for_change(self, ticket: Ticket, timeout: float) -> State:
+        """Wait until the ticket's (state, owner) differs from now, or ``timeout`` passes."""
+        with self._cond:
+            before = (ticket.state, ticket.owner)
+            self._cond.wait_for(lambda: (ticket.state, ticket.owner) != before or self._closed, timeout)
+            return ticket.state
+
+    def get(self, key: str) -> Ticket | None:
+        with self._cond:
+            return self._tickets.get(key)
+
+    def running(self) -> list[Ticket]:
+        with self._cond:
+            return [t for t in self._tickets.values() if t.state is State.RUNNING]
+
+    def queued_ahead(self, ticket: Ticket) -> int:
+        """Queued tickets a helper would take before ``ticket``."""
+        with self._cond:
+            return sum(1 for t in self._tickets.values()
+                       if t.state is State.QUEUED and t is not ticket and
+                       (t.priority, t.submitted_at) < (ticket.priority, ticket.submitted_at))
+
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            out = {s.value: 0 for s in State}
+            for t in self._tickets.values():
+                out[t.state.value] += 1
+            return out
+
+    def pending(self) -> int:
+        with self._cond:
+            return sum(1 for t in self._tickets.values() if t.state in (State.QUEUED, State.RUNNING))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is queued or running; True if that happened within ``timeout``."""
+        def idle() -> bool:
+            return all(t.state in SETTLED for t in self._tickets.values())
+
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or idle(), timeout)
+            return idle()
+
+    def notify(self) -> None:
+        """Wake every waiter so it re-evaluates (the pool's helper count changed)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,110 @@
+"""Building: the Triton family's builder, run in helpers (``prepare``/``build``) and in place on the executor.
+
+A build rebuilds the request through Triton's own ``compile()`` for the request's explicit target; the
+cache manager publishes it atomically (group file written last). The result's hash must equal the hash
+predicted in the launching process, otherwise the launch would miss it: a mismatch fails the request
+with both hashes in the error. A per-variant file lock makes the ranks of one node build it once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import triton
+from filelock import FileLock
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+
+from .request import TritonCompileRequest
+from .spec import compile_inputs, resolve_kernel, spec_json
+
+log = logging.getLogger("jit_ahead.triton.build")
+
+
+class HashMismatch(RuntimeError):
+    pass
+
+
+def _lock_path(predicted_hash: str) -> str:
+    folder = os.path.join(knobs.cache.dir, "jit_ahead_locks")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"{predicted_hash}.lock")
+
+
+def compile_request(request: TritonCompileRequest) -> triton.compiler.CompiledKernel:
+    """Compile (or find on disk) exactly the requested variant; raise HashMismatch if it lands elsewhere."""
+    kernel = resolve_kernel(request.module, request.qualname)
+    src, options = compile_inputs(kernel, spec_json(request.specialization_data))
+    with FileLock(_lock_path(request.predicted_hash)):
+        compiled = triton.compile(src, target=GPUTarget(*request.target), options=options)
+    if compiled.hash != request.predicted_hash:
+        raise HashMismatch(
+            f"{request.label}: Triton built hash {compiled.hash} but the launching process predicted "
+            f"{request.predicted_hash}; the executor would miss this build. The helper and the server differ "
+            "in kernel source, Triton install, Python ABI, options or cache-invalidating environment.")
+    return compiled
+
+
+def _apply_env(env: tuple[tuple[str, str], ...]) -> None:
+    """Make this helper's cache-invalidating environment exactly the launching process's."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    wanted = dict(env)
+    for name in list(get_cache_invalidating_env_vars()):
+        if name not in wanted:
+            os.environ.pop(name, None)
+    os.environ.update(wanted)
+    actual = dict(get_cache_invalidating_env_vars())
+    if actual != wanted:
+        raise RuntimeError(f"cannot reproduce the cache-invalidating environment {wanted}; helper has {actual}")
+
+
+def host_launcher_is_per_signature() -> bool:
+    """Triton 3.6 gcc-builds a host launcher per signature on first launch; 3.9 has a generic one."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    return "compile_module_from_src" in nvidia_driver.CudaLauncher.__init__.__code__.co_names
+
+
+def prebuild_host_launcher(compiled) -> str:
+    """Build 3.6's per-signature launcher .so into Triton's cache, so the first launch skips gcc.
+
+    It links against libcuda.so.1, so this works on the GPU host (even with no GPU visible) and is
+    skipped on a machine without the driver library.
+    """
+    if compiled.metadata.target.backend != "cuda" or not host_launcher_is_per_signature():
+        return "not needed"
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    try:
+        nvidia_driver.library_dirs()
+    except (AssertionError, OSError, FileNotFoundError) as exc:
+        return f"skipped: {str(exc).splitlines()[0]}"
+    nvidia_driver.CudaLauncher(compiled.src, compiled.metadata)
+    return "built"
+
+
+# -- the builder interface the helper worker calls ------------------------------------------------------------
+def prepare() -> dict:
+    """Pay the fixed costs before saying ready: Triton's import, triton_key() and the ptxas version."""
+    from triton.compiler import make_backend
+    from triton.runtime.cache import triton_key
+
+    t0 = time.perf_counter()
+    triton_key()
+    make_backend(GPUTarget("cuda", 90, 32)).hash()
+    return {"triton": triton.__version__, "python": sys.version.split()[0], "cache_dir": knobs.cache.dir,
+            "warmup_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def build(request: TritonCompileRequest) -> dict:
+    _apply_env(request.env)
+    compiled = compile_request(request)
+    details = {"hash": compiled.hash}
+    try:
+        details["launcher"] = prebuild_host_launcher(compiled)
+    except Exception as exc:  # the cubin is published; a launcher the server builds itself is no error
+        details["launcher"] = f"failed: {type(exc).__name__}: {exc}"
+    return details

@@ -1,0 +1,58 @@
+"""The Triton family: its pool, its hook and its executor side, wired together."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+from triton import knobs
+
+from ..core import knobs as core_knobs
+from ..core.pool import FamilySpec, HelperPool
+from ..core.priority import Priority
+from ..core.stats import Stats
+from ..core.table import Ticket
+from . import hook
+from .load import TritonExecutor
+from .plan import Capture, capture
+from .request import FAMILY, TritonCompileRequest
+from .spec import on_disk
+
+log = logging.getLogger("jit_ahead.triton")
+
+SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob="JIT_AHEAD_TRITON_WORKERS")
+
+
+class TritonFamily:
+    name = FAMILY
+
+    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None) -> None:
+        # Helpers must write where this process reads: Triton's group files hold absolute paths.
+        self.cache_dir = os.path.abspath(knobs.cache.dir)
+        self.pool = HelperPool(
+            SPEC, workers=core_knobs.worker_count(SPEC.workers_knob) if workers is None else workers,
+            stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir},
+            build_timeout=core_knobs.build_timeout_s())
+        self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout)
+        self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
+
+    def start(self) -> None:
+        self.pool.start()
+        hook.install(self._on_miss)
+        log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
+
+    def capture(self, target=None):
+        return capture(target)
+
+    def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
+               priority: Priority = Priority.BACKGROUND) -> list[Ticket]:
+        """Queue what is not on disk yet; helpers preload the kernels' modules before building."""
+        if isinstance(requests, Capture):
+            requests = requests.requests
+        missing = [r for r in requests if not on_disk(r.predicted_hash, r.name)]
+        self.pool.preload(sorted({r.module for r in missing}))
+        return [self.pool.submit(r.build_request(), priority) for r in missing]
+
+    def close(self) -> None:
+        hook.clear_miss_handler(self._on_miss)
+        self.pool.close()

@@ -1,0 +1,68 @@
+"""The one ``jit_cache_hook`` jit_ahead installs, shared by planning (capture) and the executor.
+
+Triton calls it on every in-memory miss, in the launching thread, before the disk lookup. In a thread
+that is capturing (a ContextVar) it records the request and returns True, which makes Triton skip both
+the compile and the launch. Everywhere else it hands the miss to the executor side and returns None:
+a real launch is never skipped. Any hook installed before ours is chained and called first.
+"""
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+
+from triton import knobs
+
+from . import compat
+
+log = logging.getLogger("jit_ahead.triton")
+
+# The capture collector of the current thread/context; None outside planning.
+capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_triton_capture", default=None)
+
+MissHandler = Callable[..., None]
+
+_lock = threading.Lock()
+_previous = None
+_miss_handler: MissHandler | None = None
+
+
+def jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **kwargs):
+    collector = capturing.get()
+    if collector is not None:
+        collector.record(fn=fn, compile=compile)
+        return True
+    previous = _previous
+    if previous is not None:
+        vetoed = previous(key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                          already_compiled=already_compiled, **kwargs)
+        if vetoed:
+            return vetoed  # the other hook's own capture: no build, no launch
+    handler = _miss_handler
+    if handler is not None:
+        try:
+            handler(fn=fn, compile=compile)
+        except Exception:  # never break a launch: Triton's normal path compiles it
+            log.exception("jit_ahead miss handling failed for %s; Triton compiles it in place", fn.name)
+    return None
+
+
+def install(miss_handler: MissHandler | None = None) -> None:
+    """Install the hook (once, chaining any previous one); set or keep the executor's miss handler."""
+    global _previous, _miss_handler
+    with _lock:
+        compat.patch_specialization_serializer()
+        current = knobs.runtime.jit_cache_hook
+        if current is not jit_cache_hook:
+            _previous = current
+            knobs.runtime.jit_cache_hook = jit_cache_hook
+        if miss_handler is not None:
+            _miss_handler = miss_handler
+
+
+def clear_miss_handler(handler: MissHandler) -> None:
+    global _miss_handler
+    with _lock:
+        if _miss_handler is handler:
+            _miss_handler = None

@@ -1,0 +1,141 @@
+"""Planning: run real launcher code and get back the exact compile requests it would cause.
+
+Inside ``with capture() as plan:`` any Triton launch (``kernel[grid](...)``, ``kernel.warmup(...)``,
+a library's Python wrapper around them) is turned into a recorded :class:`TritonCompileRequest`
+instead of a compile and a launch. Arguments are meta tensors (exact dtype, shape, strides and storage
+offset, so alignment specialization matches the caching allocator) and plain ints. With no GPU the
+stand-in driver supplies the target.
+
+Autotuned kernels record every config that survives pruning: Triton's ``Autotuner.run`` would benchmark
+them, which needs a GPU, so while a capture is active in the calling context it is replaced by a pass that
+requests each pruned config instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from triton.backends.compiler import GPUTarget
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+from . import hook
+from .request import TritonCompileRequest
+from .spec import decode_options, on_disk, predict_hash, target_tuple
+from .standin import ensure_driver
+
+log = logging.getLogger("jit_ahead.triton.plan")
+
+
+def cache_invalidating_env() -> dict[str, str]:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return dict(get_cache_invalidating_env_vars())
+
+
+def request_from_hook(fn, compile: dict, env: dict[str, str] | None = None) -> TritonCompileRequest:
+    """The request for one hook call: predicted from the very inputs this process would compile."""
+    from triton.compiler import ASTSource
+
+    kernel: JITFunction = fn.jit_function
+    target: GPUTarget = kernel.device_caches[compile["device"]][2]
+    spec = compile["specialization_data"]
+    src = ASTSource(kernel, compile["signature"], compile["constants"], compile["configs"][0])
+    env = cache_invalidating_env() if env is None else env
+    predicted = predict_hash(src, target, decode_options(json.loads(spec)), env)
+    return TritonCompileRequest(module=kernel.module, qualname=kernel.fn.__qualname__, name=kernel.fn.__name__,
+                                specialization_data=spec, target=target_tuple(target),
+                                env=tuple(sorted(env.items())), predicted_hash=predicted)
+
+
+class Capture:
+    """The requests captured in one planning context, deduplicated by predicted disk hash.
+
+    The in-memory key depends on keyword order; the disk hash does not, so it is the identity here.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[str, TritonCompileRequest] = {}
+        self._env = cache_invalidating_env()
+        self.launches = 0
+        self.seconds = 0.0
+
+    def record(self, *, fn, compile: dict) -> None:
+        request = request_from_hook(fn, compile, self._env)
+        with self._lock:
+            self.launches += 1
+            self._requests.setdefault(request.predicted_hash, request)
+
+    @property
+    def requests(self) -> list[TritonCompileRequest]:
+        with self._lock:
+            return list(self._requests.values())
+
+    def missing(self) -> list[TritonCompileRequest]:
+        """Requests with no complete entry in Triton's cache: what helpers still have to build."""
+        return [r for r in self.requests if not on_disk(r.predicted_hash, r.name)]
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+
+# -- autotuner: request every pruned config instead of benchmarking -------------------------------------------
+_autotune_lock = threading.Lock()
+_autotune_users = 0
+_original_autotuner_run = Autotuner.run
+
+
+def _capturing_autotuner_run(self, *args, **kwargs):
+    if hook.capturing.get() is None:
+        return _original_autotuner_run(self, *args, **kwargs)
+    self.nargs = dict(zip(self.arg_names, args))
+    try:
+        for config in self.prune_configs(kwargs):
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+    finally:
+        self.nargs = None
+    return None
+
+
+@contextlib.contextmanager
+def _autotuner_requests_all_configs() -> Iterator[None]:
+    # Patched only while some capture is active, so launches outside planning pay nothing otherwise.
+    global _autotune_users
+    with _autotune_lock:
+        _autotune_users += 1
+        Autotuner.run = _capturing_autotuner_run
+    try:
+        yield
+    finally:
+        with _autotune_lock:
+            _autotune_users -= 1
+            if _autotune_users == 0:
+                Autotuner.run = _original_autotuner_run
+
+
+@contextlib.contextmanager
+def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
+    """Record the compile requests of every Triton launch made in this context; nothing compiles or runs."""
+    ensure_driver(target)
+    hook.install()
+    plan = Capture()
+    token = hook.capturing.set(plan)
+    t0 = time.perf_counter()
+    try:
+        with _autotuner_requests_all_configs():
+            yield plan
+    finally:
+        hook.capturing.reset(token)
+        plan.seconds += time.perf_counter() - t0
+
+
+def plan_launch(kernel, *args, grid=(1,), **kwargs) -> list[TritonCompileRequest]:
+    """The requests one launch of ``kernel`` (jit, heuristics or autotune) would cause."""
+    with capture() as plan:
+        kernel.run(*args, grid=grid, warmup=True, **kwargs)
+    return plan.requests

@@ -1,0 +1,134 @@
+"""A stand-in Triton driver for machines without a GPU.
+
+Triton's JIT path asks the active driver for a target, a device and a stream before anything else, and
+the launch path asks it to load the binary and launch. This driver answers with an explicit target
+(sm_90 by default) and turns loads, launches and autotuning benchmarks into no-ops, so real launcher
+code runs unchanged on meta tensors: planning captures its compile requests, and tests can drive Triton's normal launch path
+(in-memory cache, ``jit_cache_hook``, disk lookup) on a CPU-only machine.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+
+log = logging.getLogger("jit_ahead.triton")
+
+# Hopper (H100/H200) limits; what Triton's launch path checks a kernel against.
+_SM90_PROPERTIES = {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536,
+                    "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000,
+                    "mem_bus_width": 6144}
+
+
+class _StandInUtils:
+    def __init__(self, properties: dict) -> None:
+        self._properties = dict(properties)
+
+    def load_binary(self, name, kernel, shared, device):
+        # (module, function, n_regs, n_spills, n_max_threads): non-None handles mark it loaded.
+        return 0, 0, 0, 0, 1024
+
+    def unload_module(self, module) -> None:
+        pass
+
+    def get_device_properties(self, device) -> dict:
+        return dict(self._properties)
+
+
+class _NoLaunch:
+    """Accepts a launch and does nothing: there is no GPU to run it on."""
+
+    def __init__(self, src, metadata) -> None:
+        self.metadata = metadata
+
+    def __call__(self, *args, **kwargs) -> None:
+        return None
+
+
+class StandInDriver(DriverBase):
+    def __init__(self, target: GPUTarget, properties: dict | None = None) -> None:
+        super().__init__()
+        self.target = target
+        self.utils = _StandInUtils(properties or _SM90_PROPERTIES)
+        self.launcher_cls = _NoLaunch
+
+    @classmethod
+    def is_active(cls) -> bool:
+        return False  # never picked by Triton's own driver discovery
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        raise NotImplementedError("the stand-in driver builds no host launchers")
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def set_current_device(self, device: int) -> None:
+        pass
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("meta")
+
+    def get_benchmarker(self):
+        return _launch_once
+
+
+def _launch_once(kernel_call, quantiles=None, **kwargs):
+    """The stand-in's benchmarker: runs the call once through the normal launch path and reports equal
+    times for every candidate. An autotuned launch then compiles (or loads) every config exactly as it
+    does on a GPU; the choice among them is meaningless without one, and so is any timing."""
+    kernel_call()
+    return [1.0] * len(quantiles) if quantiles else 1.0
+
+
+def parse_target(text: str) -> GPUTarget:
+    """``cuda:90`` or ``cuda:90:32`` (backend, arch, warp size)."""
+    parts = text.strip().split(":")
+    try:
+        backend, arch = parts[0], int(parts[1])
+        warp = int(parts[2]) if len(parts) > 2 else 32
+    except (IndexError, ValueError):
+        raise ValueError(f"bad target {text!r}: expected BACKEND:ARCH[:WARP_SIZE], for example cuda:90") from None
+    return GPUTarget(backend, arch, warp)
+
+
+def default_target() -> GPUTarget:
+    raw = os.environ.get("JIT_AHEAD_TARGET", "cuda:90")
+    try:
+        return parse_target(raw)
+    except ValueError as exc:
+        log.error("JIT_AHEAD_TARGET: %s; using cuda:90", exc)
+        return GPUTarget("cuda", 90, 32)
+
+
+def real_driver_available() -> bool:
+    driver = triton.runtime.driver
+    if isinstance(driver._active, StandInDriver):
+        return False
+    try:
+        driver.active  # noqa: B018 - creates the real driver if a GPU is there
+        return True
+    except RuntimeError:
+        return False
+
+
+def ensure_driver(target: GPUTarget | None = None) -> GPUTarget:
+    """Use the real driver when a GPU is there; otherwise install the stand-in for ``target``."""
+    driver = triton.runtime.driver
+    if real_driver_available():
+        return driver.active.get_current_target()
+    wanted = target or default_target()
+    current = driver._active
+    if not isinstance(current, StandInDriver) or current.target != wanted:
+        driver.set_active(StandInDriver(wanted))
+        log.info("no GPU driver: jit_ahead's stand-in driver targets %s", wanted)
+    return wanted

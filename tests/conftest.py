@@ -1,0 +1,68 @@
+import logging
+import os
+import subprocess
+import sys
+import json
+from pathlib import Path
+
+import pytest
+
+from . import scenarios  # noqa: F401  (imports fla before any stand-in driver exists)
+from .kernels import basic
+
+from jit_ahead.core.session import Session
+from jit_ahead.triton.standin import ensure_driver
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def triton_cache(tmp_path, monkeypatch):
+    """Each test gets an empty Triton cache and kernels with empty in-memory caches."""
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    ensure_driver()
+    for value in vars(basic).values():
+        jit_fn = getattr(value, "fn", None) if not hasattr(value, "device_caches") else value
+        while jit_fn is not None and not hasattr(jit_fn, "device_caches"):
+            jit_fn = getattr(jit_fn, "fn", None)
+        if jit_fn is not None:
+            jit_fn.device_caches.clear()
+    return cache
+
+
+@pytest.fixture
+def session_factory():
+    """Sessions started by a test are closed after it, whatever happens."""
+    sessions = []
+
+    def make(**triton_options) -> Session:
+        session = Session(triton=triton_options).start()
+        sessions.append(session)
+        return session
+
+    yield make
+    for session in sessions:
+        session.close()
+
+
+def run_consumer(scenario: str, cache_dir: Path) -> list[dict]:
+    """Run tests/consumer.py in a fresh interpreter on ``cache_dir``; return Triton's compile() events."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "tests.consumer", scenario], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("CONSUMER "))
+    return json.loads(line[len("CONSUMER "):])
+
+
+def wait_all(tickets, timeout=600.0):
+    for ticket in tickets:
+        ticket.wait(timeout)
+    return [t.result for t in tickets]
+
+
+@pytest.fixture
+def caplog_info(caplog):
+    caplog.set_level(logging.INFO, logger="jit_ahead")
+    return caplog

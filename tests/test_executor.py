@@ -1,0 +1,136 @@
+"""The executor side: a launch that misses in memory loads, waits or builds in place, never twice."""
+import logging
+import threading
+import time
+
+import psutil
+import torch
+from triton import knobs
+
+from jit_ahead.core.priority import Priority
+from jit_ahead.core.table import State
+from jit_ahead.triton import capture
+
+from .kernels import basic as k
+
+
+def meta(n=4096, dtype=torch.float32):
+    return torch.empty(n, device="meta", dtype=dtype)
+
+
+class CompileEvents:
+    """Triton's own compilation listener: what compile() did in this process."""
+
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs):
+        self.events.append((src.name, metadata["hash"], cache_hit))
+
+    def __enter__(self):
+        self.previous, knobs.compilation.listener = knobs.compilation.listener, self
+        return self
+
+    def __exit__(self, *exc):
+        knobs.compilation.listener = self.previous
+
+
+def slow_request(steps: int):
+    with capture() as planned:
+        k.slow_kernel.warmup(meta(1024), STEPS=steps, BLOCK=1024, grid=(1,))
+    (request,) = planned.requests
+    return request
+
+
+def wait_state(ticket, predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not predicate(ticket):
+        assert time.monotonic() < deadline, f"ticket stuck in {ticket.state} ({ticket.owner})"
+        time.sleep(0.01)
+
+
+def test_a_real_launch_is_never_skipped_and_a_jit_function_argument_works(session_factory):
+    session = session_factory(workers=1)
+    x = meta(4096, torch.float16)
+    with CompileEvents() as compiles:
+        kernel = k.apply_kernel[(4,)](x, x, 4096, ACT=k.relu, BLOCK=512)
+    assert kernel is not None and kernel.hash  # the launch went through (the stand-in runs it as a no-op)
+    # The miss was built once (by a helper, or in place while the helper was still starting) and
+    # Triton's own compile() then loaded it from disk.
+    assert [hit for _, _, hit in compiles.events] in ([True], [False, True])
+    assert session.stats.count("build_finish") == 1
+
+
+def test_two_threads_racing_on_one_variant_cause_one_build(session_factory):
+    session = session_factory(workers=1)
+    barrier = threading.Barrier(2)
+    kernels = []
+
+    def launch():
+        barrier.wait()
+        kernels.append(k.slow_kernel[(1,)](meta(1024), STEPS=3, BLOCK=256))
+
+    with CompileEvents() as compiles:
+        threads = [threading.Thread(target=launch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert len(kernels) == 2 and all(kernel is not None for kernel in kernels)
+    assert session.stats.count("build_finish") == 1
+    assert sum(not hit for _, _, hit in compiles.events) <= 1  # at most the one in-place build
+    assert len({h for _, h, _ in compiles.events}) == 1
+
+
+def test_kill_9_of_a_helper_mid_build_releases_the_waiting_launch_at_once(session_factory):
+    session = session_factory(workers=1)
+    pool = session.triton.pool
+    request = slow_request(steps=14)  # several seconds of compile on these CPUs
+    (ticket,) = session.triton.submit([request], Priority.BACKGROUND)
+    wait_state(ticket, lambda t: t.state is State.RUNNING and t.owner == "helper-0")
+    done = []
+    launcher = threading.Thread(target=lambda: done.append(
+        k.slow_kernel[(1,)](meta(1024), STEPS=14, BLOCK=1024)))
+    launcher.start()
+    time.sleep(0.3)
+    assert ticket.state is State.RUNNING and ticket.owner == "helper-0"  # the launch is waiting on it
+    psutil.Process(pool.helper_pids()["helper-0"]).kill()
+    killed_at = time.monotonic()
+    wait_state(ticket, lambda t: t.owner == "executor" or t.state is not State.RUNNING, timeout=10)
+    assert time.monotonic() - killed_at < 1.0  # not after JIT_AHEAD_WAIT_TIMEOUT_S
+    launcher.join(300)
+    assert done and done[0] is not None
+    assert ticket.state is State.DONE and ticket.result.builder == "executor" and ticket.crashes == 1
+    assert session.stats.count("helper_crash") == 1
+
+
+def test_no_helpers_means_misses_build_in_place(session_factory):
+    session = session_factory(workers=0)
+    kernel = k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=128)
+    assert kernel is not None
+    (ticket,) = [session.triton.pool.table.get(kernel.hash)]
+    assert ticket.state is State.DONE and ticket.result.builder == "executor"
+
+
+def test_a_wait_longer_than_the_timeout_falls_back_to_triton(session_factory, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = session_factory(workers=1, wait_timeout=0.3)
+    request = slow_request(steps=10)
+    (ticket,) = session.triton.submit([request], Priority.BACKGROUND)
+    wait_state(ticket, lambda t: t.state is State.RUNNING and t.owner == "helper-0")
+    kernel = k.slow_kernel[(1,)](meta(1024), STEPS=10, BLOCK=1024)
+    assert kernel is not None
+    assert any("JIT_AHEAD_WAIT_TIMEOUT_S" in r.getMessage() for r in caplog.records)
+
+
+def test_a_disk_hit_needs_no_build(session_factory):
+    session = session_factory(workers=1)
+    with capture() as planned:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
+    for ticket in session.triton.submit(planned):
+        ticket.wait(120)
+    builds = session.stats.count("build_finish")
+    with CompileEvents() as compiles:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
+    assert [hit for _, _, hit in compiles.events] == [True]
+    assert session.stats.count("build_finish") == builds

@@ -1,0 +1,192 @@
+"""The helper pool with the real Triton builder: order, deduplication, failures, crashes, isolation."""
+import dataclasses
+import logging
+import os
+import time
+
+import psutil
+import pytest
+import torch
+
+from jit_ahead.core import knobs
+from jit_ahead.core.pool import HelperPool
+from jit_ahead.core.priority import Priority
+from jit_ahead.core.stats import Stats
+from jit_ahead.core.table import State
+from jit_ahead.triton import capture
+from jit_ahead.triton.family import SPEC
+
+from .conftest import wait_all
+from .kernels import basic as k
+
+
+def add_requests(blocks):
+    x = torch.empty(4096, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for block in blocks:
+            k.add_kernel[(1,)](x, x, x, 4096, BLOCK=block)
+    return planned.requests
+
+
+def make_pool(triton_cache, workers=1, **options) -> HelperPool:
+    stats = Stats()
+    events = []
+    stats.subscribe(events.append)
+    pool = HelperPool(SPEC, workers=workers, stats=stats, env_overrides={"TRITON_CACHE_DIR": str(triton_cache)},
+                      **options)
+    pool.events = events
+    return pool
+
+
+@pytest.fixture
+def pools():
+    made = []
+    yield made
+    for pool in made:
+        pool.close()
+
+
+def test_helpers_build_in_priority_order_and_a_raised_request_jumps_ahead(triton_cache, pools):
+    pool = make_pool(triton_cache)
+    pools.append(pool)
+    r = add_requests([16, 32, 64, 128, 256, 512])
+    tickets = [pool.submit(r[0].build_request(), Priority.BACKGROUND),
+               pool.submit(r[1].build_request(), Priority.BACKGROUND),
+               pool.submit(r[2].build_request(), Priority.REPLAY),
+               pool.submit(r[3].build_request(), Priority.WARMUP),
+               pool.submit(r[4].build_request(), Priority.URGENT),
+               pool.submit(r[5].build_request(), Priority.BACKGROUND)]
+    pool.submit(r[1].build_request(), Priority.WARMUP)  # raised: ahead of r[3], which came first at WARMUP
+    pool.start()
+    assert all(res.ok for res in wait_all(tickets))
+    started = [e["key"] for e in pool.events if e["event"] == "build_start"]
+    # Within a level, first come first served: r[3] was at WARMUP before r[1] was raised to it.
+    assert started == [r[i].predicted_hash for i in (4, 3, 1, 2, 0, 5)]
+
+
+def test_duplicate_requests_build_once(triton_cache, pools):
+    pool = make_pool(triton_cache, workers=2)
+    pools.append(pool)
+    pool.start()
+    requests = add_requests([16, 32, 64])
+    tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in requests * 3]
+    wait_all(tickets)
+    assert len({id(t) for t in tickets}) == 3
+    assert sum(e["event"] == "build_finish" for e in pool.events) == 3
+
+
+def test_compile_and_import_errors_fail_only_their_request(triton_cache, pools, caplog):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    pool = make_pool(triton_cache)
+    pools.append(pool)
+    pool.start()
+    x = torch.empty(256, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        k.broken_kernel[(1,)](x, BLOCK=256)
+    (broken,) = planned.requests
+    (good,) = add_requests([32])
+    missing = dataclasses.replace(good, module="tests.kernels.no_such_module", predicted_hash="f" * 64)
+    tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in (broken, missing, good)]
+    results = wait_all(tickets)
+    assert [r.ok for r in results] == [False, False, True]
+    assert "undefined_name" in results[0].error
+    assert "ModuleNotFoundError" in results[1].error
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "undefined_name" in logged and "no_such_module" in logged
+    assert sum(e["event"] == "helper_ready" for e in pool.events) == 1  # one helper served all three
+
+
+def test_a_hash_mismatch_is_an_error_with_both_hashes(triton_cache, pools, caplog):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    pool = make_pool(triton_cache)
+    pools.append(pool)
+    pool.start()
+    (good,) = add_requests([64])
+    wrong = dataclasses.replace(good, predicted_hash="0" * 64)
+    (result,) = wait_all([pool.submit(wrong.build_request(), Priority.BACKGROUND)])
+    assert not result.ok and "HashMismatch" in result.error
+    assert good.predicted_hash in result.error and "0" * 64 in result.error
+    assert any("0" * 64 in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_that_kills_helpers_twice_is_quarantined(triton_cache, pools, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_TEST_CRASH", "1")  # helpers that import tests.kernels.crasher die
+    from .kernels import crasher
+
+    x = torch.empty(64, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        crasher.crash_kernel[(1,)](x, BLOCK=64)
+    (deadly,) = planned.requests
+    (good,) = add_requests([128])
+    pool = make_pool(triton_cache, backoff_initial=0.05)
+    pools.append(pool)
+    pool.preload([deadly.module])  # the first helper dies preloading it; it is not preloaded again
+    bad_ticket = pool.submit(deadly.build_request(), Priority.URGENT)
+    good_ticket = pool.submit(good.build_request(), Priority.BACKGROUND)
+    pool.start()
+    assert bad_ticket.wait(120) is State.QUARANTINED and bad_ticket.crashes == 2
+    assert good_ticket.wait(120) is State.DONE  # the pool goes on after respawning
+    assert sum(e["event"] == "helper_crash" for e in pool.events) == 2
+    assert any("quarantined" in r.getMessage() for r in caplog.records)
+    assert any("died while preloading" in r.getMessage() for r in caplog.records)
+
+
+def test_helpers_are_isolated_niced_and_use_pipes_only(triton_cache, pools, monkeypatch):
+    for name, value in {"OMPI_COMM_WORLD_RANK": "3", "SLURM_PROCID": "1", "RANK": "3",
+                        "MASTER_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": "0"}.items():
+        monkeypatch.setenv(name, value)
+    pool = make_pool(triton_cache)
+    pools.append(pool)
+    pool.start()
+    (ticket,) = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in add_requests([32])]
+    assert ticket.wait(120) is State.DONE
+    (ready,) = [e for e in pool.events if e["event"] == "helper_ready"]
+    info = ready["info"]
+    assert info["nice"] == 19 and info["cuda_visible_devices"] == "" and info["launcher_vars"] == []
+    assert info["cache_dir"] == str(triton_cache) and os.path.isabs(info["cache_dir"])
+    helper = psutil.Process(pool.helper_pids()["helper-0"])
+    assert helper.net_connections(kind="inet") == [] and helper.net_connections(kind="unix") == []
+    assert helper.cmdline()[0] == psutil.Process().exe() or helper.exe() == psutil.Process().exe()
+    pool.close()
+    assert not psutil.pid_exists(helper.pid) or helper.status() == psutil.STATUS_ZOMBIE
+
+
+def test_bad_knob_values_log_and_fall_back(monkeypatch, caplog):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_TRITON_WORKERS", "lots")
+    monkeypatch.setenv("JIT_AHEAD_WAIT_TIMEOUT_S", "-3")
+    assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == knobs.default_worker_count()
+    assert knobs.wait_timeout_s() == 120.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("JIT_AHEAD_TRITON_WORKERS='lots'" in m and "default" in m for m in messages)
+    assert any("JIT_AHEAD_WAIT_TIMEOUT_S='-3'" in m for m in messages)
+    monkeypatch.setenv("JIT_AHEAD_TRITON_WORKERS", "0")
+    assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == 0
+
+
+def test_default_workers_share_the_cpus_among_local_ranks(monkeypatch):
+    monkeypatch.setattr(knobs, "usable_cpus", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert knobs.default_worker_count() == 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert knobs.default_worker_count() == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert knobs.default_worker_count() == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
+    assert knobs.default_worker_count() == 1
+
+
+def test_a_helper_that_cannot_start_is_reported(triton_cache, pools, caplog):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    pool = make_pool(triton_cache, python="/bin/false", backoff_initial=0.01, max_start_failures=2,
+                     start_timeout=5)
+    pools.append(pool)
+    pool.start()
+    deadline = time.monotonic() + 30
+    while pool.may_get_helpers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pool.may_get_helpers()
+    assert any("failed to start" in r.getMessage() for r in caplog.records)
+    assert any("starts failed in a row" in r.getMessage() for r in caplog.records)

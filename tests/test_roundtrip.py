@@ -1,0 +1,43 @@
+"""Planning -> helpers -> a fresh process whose normal launch path finds every variant on disk."""
+import pytest
+
+from jit_ahead.triton import capture
+
+from .conftest import run_consumer, wait_all
+from .scenarios import run_scenario
+
+
+def plan(scenario: str):
+    with capture() as planned:
+        run_scenario(scenario)
+    return planned
+
+
+def test_planning_compiles_nothing_and_dedups(triton_cache):
+    planned = plan("basic")
+    # 7 launches; the autotuned one requests its 3 configs: 9 variants, none built.
+    assert planned.launches == 9 and len(planned) == 9
+    assert not list(triton_cache.glob("*/__grp__*.json"))
+    again = plan("basic")
+    assert {r.predicted_hash for r in again.requests} == {r.predicted_hash for r in planned.requests}
+
+
+def test_helpers_build_every_planned_variant_and_a_fresh_process_hits_disk(triton_cache, session_factory):
+    planned = plan("basic")
+    session = session_factory(workers=2)
+    results = wait_all(session.triton.submit(planned))
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    assert {r.builder for r in results} <= {"helper-0", "helper-1"}
+    assert all(r.details["hash"] == r.key for r in results)  # landed where the launch will look
+
+    events = run_consumer("basic", triton_cache)
+    assert {e["hash"] for e in events} == {r.predicted_hash for r in planned.requests}
+    assert all(e["cache_hit"] for e in events), [e for e in events if not e["cache_hit"]]
+
+
+def test_requests_already_on_disk_are_not_queued(triton_cache, session_factory):
+    planned = plan("basic")
+    session = session_factory(workers=1)
+    wait_all(session.triton.submit(planned))
+    assert planned.missing() == []
+    assert session.triton.submit(planned) == []
