@@ -21,6 +21,12 @@ class Workload:
     run: Callable[..., torch.Tensor]  # the library's launcher
     reference: Callable[..., torch.Tensor]  # plain torch, for checking results on a GPU
     atol: float = 2e-2
+    rtol: float = 2e-2
+
+    def max_violation(self, out: torch.Tensor, ref: torch.Tensor) -> float:
+        """max(|out - ref| - (atol + rtol |ref|)); <= 0 means the output is correct."""
+        out, ref = out.float(), ref.float()
+        return float(((out - ref).abs() - (self.atol + self.rtol * ref.abs())).max())
 
 
 def _randn(device: str, seed: int, *shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -215,3 +221,35 @@ def by_name(names) -> tuple[Workload, ...]:
     if unknown:
         raise ValueError(f"unknown workloads {unknown}; known: {sorted(index)}")
     return tuple(index[n] for n in names)
+
+
+def sweep_launches(device: str = "meta"):
+    """A larger variant set for build-throughput benchmarks: the workloads' launchers over the shapes,
+    dtypes and modes a model zoo reaches (about 250 distinct variants, short and long builds mixed)."""
+    from liger_kernel.ops.geglu import geglu_forward
+    from liger_kernel.ops.layer_norm import layer_norm_forward
+    from liger_kernel.ops.rms_norm import rms_norm_forward
+    from liger_kernel.ops.rope import rope_forward
+    from liger_kernel.ops.swiglu import swiglu_forward
+
+    launches = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for hidden in (256, 512, 1024, 2048, 4096, 8192):
+            x, w = _randn(device, 0, 7, hidden, dtype=dtype), _randn(device, 1, hidden, dtype=dtype)
+            for mode in ("llama", "gemma", "none"):
+                launches.append(lambda x=x, w=w, m=mode: rms_norm_forward(x, w, 1e-6, 0.0, m, None))
+            launches.append(lambda x=x, w=w: layer_norm_forward(x, w, w, 1e-5))
+            launches.append(lambda x=x: swiglu_forward(x, x))
+            launches.append(lambda x=x: geglu_forward(x, x))
+    for dtype in (torch.bfloat16, torch.float16):
+        for head_dim in (64, 128):
+            for q_heads, kv_heads in ((8, 8), (16, 4), (32, 8), (64, 8)):
+                q = _randn(device, 0, 1, q_heads, 5, head_dim, dtype=dtype)
+                k = _randn(device, 0, 1, kv_heads, 5, head_dim, dtype=dtype)
+                cs = _randn(device, 0, 1, 5, head_dim, dtype=dtype)
+                launches.append(lambda q=q, k=k, cs=cs: rope_forward(q, k, cs, cs))
+    for dim in (64, 128, 256):
+        launches.append(lambda d=dim: _fla_l2norm(_randn(device, 0, 2, 100, 4, d)))
+    for dim in (64, 128):
+        launches.append(lambda d=dim: _fla_chunk(*_gdn_inputs(1, 300, 4, d)(device, 0)))
+    return launches

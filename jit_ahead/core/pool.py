@@ -309,6 +309,7 @@ class HelperPool:
         if not new:
             return True
         reply = None
+        t0 = time.perf_counter()
         if helper.send(Preload(new)):
             try:
                 reply = helper.receive(self._build_timeout)
@@ -318,6 +319,8 @@ class HelperPool:
             for module, error in reply.failed.items():
                 log.warning("%s %s could not preload %s (%s); its builds will report the error",
                             self.family.name, helper.name, module, error)
+            self.stats.emit("helper_preloaded", family=self.family.name, helper=helper.name, modules=len(new),
+                            failed=sorted(reply.failed), seconds=time.perf_counter() - t0)
             return True
         # The helper died importing one of these: never preload them again; a build that needs one
         # imports it inside the job, where a crash is charged to that request (and can quarantine it).

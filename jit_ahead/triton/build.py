@@ -7,6 +7,7 @@ with both hashes in the error. A per-variant file lock makes the ranks of one no
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -78,12 +79,23 @@ def prebuild_host_launcher(compiled) -> str:
         return "not needed"
     from triton.backends.nvidia import driver as nvidia_driver
 
-    try:
-        nvidia_driver.library_dirs()
-    except (AssertionError, OSError, FileNotFoundError) as exc:
-        return f"skipped: {str(exc).splitlines()[0]}"
+    missing = _libcuda_missing()
+    if missing:
+        return f"skipped: {missing}"
     nvidia_driver.CudaLauncher(compiled.src, compiled.metadata)
     return "built"
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda_missing() -> str | None:
+    """Why the launcher cannot be linked here, or None. Cached: Triton's probe runs ldconfig each time."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    try:
+        nvidia_driver.library_dirs()
+        return None
+    except (AssertionError, OSError, FileNotFoundError) as exc:
+        return str(exc).splitlines()[0]
 
 
 # -- the builder interface the helper worker calls ------------------------------------------------------------

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Build throughput: N helpers against in-process serial compilation of the same variant set.
+
+Plans ~250 real Liger-Kernel and flash-linear-attention variants on meta tensors (examples.sweep_launches),
+then, each arm into its own empty Triton cache and side by side in one run:
+  serial   the variants compiled one after another in this process (what an executor would pay);
+  N        a fresh pool of N helpers (N = 1, 2, 4, ... up to the usable CPUs): the time from submitting
+           to the last finished build, once helpers are ready and have preloaded the kernel modules;
+           plus the time from pool start to the first finished build.
+The serial arm runs first and again last, to show drift. Writes build_throughput.json and .md to --out.
+
+    python scripts/bench/build_throughput.py --out docs/bench [--max-workers N] [--limit K]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+            "cpus_usable": len(os.sched_getaffinity(0)), "cpu": platform.processor() or platform.machine()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def serial_arm(requests) -> float:
+    from jit_ahead.triton.build import compile_request
+
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="jit_ahead_bench_serial_")
+    t0 = time.perf_counter()
+    for request in requests:
+        compile_request(request)
+    return time.perf_counter() - t0
+
+
+def pool_arm(requests, workers: int) -> dict:
+    from jit_ahead.core.pool import HelperPool
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.core.stats import Stats
+    from jit_ahead.triton.family import SPEC
+
+    cache = tempfile.mkdtemp(prefix=f"jit_ahead_bench_{workers}_")
+    stats = Stats()
+    events: list[dict] = []
+    stats.subscribe(events.append)
+    pool = HelperPool(SPEC, workers=workers, stats=stats, env_overrides={"TRITON_CACHE_DIR": cache})
+    pool.preload(sorted({r.module for r in requests}))
+    started, started_wall = time.perf_counter(), time.time()
+    pool.start()
+    # Throughput is measured from helpers that are up and have imported the kernel modules.
+    while sum(e["event"] == "helper_preloaded" for e in events) < workers:
+        time.sleep(0.01)
+    ready = time.perf_counter()
+    tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in requests]
+    for ticket in tickets:
+        ticket.wait(None)
+    done = time.perf_counter()
+    first_finish = min(e["time"] for e in events if e["event"] == "build_finish")
+    pool.close()
+    failed = [t.result.error for t in tickets if not t.result.ok]
+    return {"workers": workers, "build_wall_s": done - ready, "ready_s": ready - started,
+            "first_build_after_start_s": first_finish - started_wall,
+            "helper_build_s_sum": sum(t.result.seconds for t in tickets), "failed": len(failed),
+            "first_error": failed[0][-500:] if failed else None}
+
+
+def worker_counts(limit: int) -> list[int]:
+    counts, n = [], 1
+    while n < limit:
+        counts.append(n)
+        n *= 2
+    return counts + [limit]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--limit", type=int, default=0, help="use only the first K variants")
+    args = parser.parse_args()
+
+    from jit_ahead import examples
+
+    examples.import_libraries()
+    from jit_ahead.triton import capture
+
+    with capture() as planned:
+        for launch in examples.sweep_launches():
+            launch()
+    requests = planned.requests[: args.limit or None]
+    print(f"variants: {len(requests)}", flush=True)
+
+    serial_first = serial_arm(requests)
+    print(f"serial: {serial_first:.1f}s", flush=True)
+    arms = []
+    for workers in worker_counts(args.max_workers):
+        arm = pool_arm(requests, workers)
+        arms.append(arm)
+        print(f"N={workers}: {arm['build_wall_s']:.1f}s (ready {arm['ready_s']:.1f}s, failed {arm['failed']})",
+              flush=True)
+    serial_last = serial_arm(requests)
+    print(f"serial again: {serial_last:.1f}s", flush=True)
+    serial = (serial_first + serial_last) / 2
+    for arm in arms:
+        arm["speedup"] = serial / arm["build_wall_s"]
+        arm["efficiency"] = arm["speedup"] / arm["workers"]
+
+    result = {"versions": versions(), "variants": len(requests), "serial_s": [serial_first, serial_last],
+              "arms": arms}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "build_throughput.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    v = result["versions"]
+    lines = [f"# Build throughput: N helpers vs serial in-process compilation",
+             "", f"{v['date']}; {v.get('gpu', 'no GPU')}; {v['cpu']}, {v['cpus_usable']} usable CPUs; "
+             f"Python {v['python']}, torch {v['torch']}, triton {v['triton']}.",
+             f"{len(requests)} Liger-Kernel and flash-linear-attention variants for sm_90, each arm into an empty "
+             f"cache. Serial (in process): {serial_first:.1f}s first, {serial_last:.1f}s last; mean {serial:.1f}s.",
+             "", "| helpers N | build wall (s) | speed-up vs serial | speed-up / N | helpers ready + preloaded (s) "
+             "| first build after start (s) | failed |", "|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        lines.append(f"| {arm['workers']} | {arm['build_wall_s']:.2f} | {arm['speedup']:.2f} | "
+                     f"{arm['efficiency']:.2f} | {arm['ready_s']:.2f} | {arm['first_build_after_start_s']:.2f} | "
+                     f"{arm['failed']} |")
+    lines += ["", "Raw numbers: `build_throughput.json` beside this file. Rerun: "
+              "`python scripts/bench/build_throughput.py --out <dir>`."]
+    with open(os.path.join(args.out, "build_throughput.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if any(a["failed"] for a in arms) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
