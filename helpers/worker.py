@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 
+from jit_ahead.core import device_view
 from jit_ahead.core.helper_env import is_scrubbed
 from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
@@ -51,8 +52,10 @@ def _preload(modules) -> PreloadDone:
 
 def _describe_self() -> dict:
     """What the pool and tests check about a helper's isolation."""
+    view = device_view.installed()
     return {"nice": os.nice(0), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "launcher_vars": sorted(k for k in os.environ if is_scrubbed(k))}
+            "launcher_vars": sorted(k for k in os.environ if is_scrubbed(k)),
+            "device_view": view.name if view else None}
 
 
 def _build(builder, job: Job) -> JobDone:
@@ -78,8 +81,10 @@ def main(argv: list[str]) -> int:
         return 2
     sys.path[:] = list(config.sys_path)
     t0 = time.perf_counter()
+    if config.device_view is not None:  # before any kernel library is imported: they read it at import
+        device_view.install(config.device_view)
     builder = importlib.import_module(config.builder)
-    info = {**_describe_self(), **(builder.prepare() or {})}
+    info = {**_describe_self(), **(builder.prepare(config.device_view) or {})}
     write_message(outbox, Ready(os.getpid(), time.perf_counter() - t0, info))
     while True:
         message = read_message(inbox)

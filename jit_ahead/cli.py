@@ -17,15 +17,14 @@ def _demo(args: argparse.Namespace) -> int:
     if not workloads:
         print("no workload library is installed: pip install 'jit_ahead[liger,fla]'", file=sys.stderr)
         return 2
-    examples.import_libraries(workloads)  # before the stand-in driver: fla reads the device at import
-
     from triton import knobs
 
     from jit_ahead.core.session import Session
     from jit_ahead.triton import capture
-    from jit_ahead.triton.standin import parse_target
+    from jit_ahead.triton.standin import ensure_driver, parse_target
 
-    target = parse_target(args.target)
+    target = ensure_driver(parse_target(args.target))  # a real GPU wins over --target
+    examples.import_libraries(workloads)  # after the driver: fla reads the device at import
     t0 = time.perf_counter()
     with capture(target) as planned:
         for workload in workloads:

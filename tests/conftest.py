@@ -48,7 +48,8 @@ def session_factory():
 
 def run_consumer(scenario: str, cache_dir: Path) -> list[dict]:
     """Run tests/consumer.py in a fresh interpreter on ``cache_dir``; return Triton's compile() events."""
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=pythonpath)
     proc = subprocess.run([sys.executable, "-m", "tests.consumer", scenario], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

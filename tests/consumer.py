@@ -10,8 +10,6 @@ import sys
 
 from triton import knobs
 
-from jit_ahead.triton.standin import ensure_driver
-
 from .scenarios import run_scenario
 
 
@@ -21,7 +19,6 @@ def main() -> None:
     def listener(*, src, metadata, metadata_group, times, cache_hit, **kwargs):
         events.append({"name": src.name, "hash": metadata["hash"], "cache_hit": cache_hit})
 
-    ensure_driver()
     knobs.compilation.listener = listener
     run_scenario(sys.argv[1])
     print("CONSUMER " + json.dumps(events))

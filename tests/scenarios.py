@@ -4,8 +4,11 @@ from __future__ import annotations
 import torch
 
 from jit_ahead import examples
+from jit_ahead.triton.standin import ensure_driver
 
-# Before any stand-in driver is installed, in the planning process and in the consumer alike.
+# The stand-in driver (an H200's view) first, then the libraries that read the device at import; the
+# planning process, the helpers and the consumer all see the same GPU.
+ensure_driver()
 examples.import_libraries()
 
 from .kernels import basic as k

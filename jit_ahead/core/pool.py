@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .device_view import DeviceView
 from .helper_env import helper_environment
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
@@ -116,7 +117,8 @@ class HelperPool:
     """
 
     def __init__(self, family: FamilySpec, *, workers: int, stats: Stats,
-                 env_overrides: dict[str, str] | None = None, python: str = sys.executable,
+                 env_overrides: dict[str, str] | None = None, device_view: DeviceView | None = None,
+                 python: str = sys.executable,
                  build_timeout: float = 600.0, start_timeout: float = 120.0, quarantine_after: int = 2,
                  backoff_initial: float = 0.5, backoff_max: float = 30.0, max_start_failures: int = 5) -> None:
         self.family = family
@@ -126,6 +128,7 @@ class HelperPool:
         self.helper_seconds = Ewma()  # measured helper build time, per build
         self.local_seconds = Ewma()  # measured in-place build time on the executor, per build
         self._env = helper_environment(os.environ, env_overrides or {})
+        self._device_view = device_view
         self._python = python
         self._build_timeout = build_timeout
         self._start_timeout = start_timeout
@@ -285,7 +288,8 @@ class HelperPool:
         helper = _Helper(name, proc, os.fdopen(to_helper_w, "wb", buffering=0),
                          os.fdopen(to_parent_r, "rb", buffering=0))
         ready = None
-        if helper.send(Configure(sys_path=tuple(sys.path), builder=self.family.builder)):
+        if helper.send(Configure(sys_path=tuple(sys.path), builder=self.family.builder,
+                                 device_view=self._device_view)):
             try:
                 ready = helper.receive(self._start_timeout)
             except (TimeoutError, ProtocolError, EOFError):

@@ -21,7 +21,8 @@ class Configure:
     """First message to a helper: the server's import path and the family's builder module."""
 
     sys_path: tuple[str, ...]
-    builder: str  # module with prepare() -> dict and build(payload) -> dict
+    builder: str  # module with prepare(device_view) -> dict and build(payload) -> dict
+    device_view: object = None  # jit_ahead.core.device_view.DeviceView: the server's GPU as libraries see it
 
 
 @dataclass(frozen=True)

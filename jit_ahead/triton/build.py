@@ -18,8 +18,10 @@ from filelock import FileLock
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
+from ..core.device_view import DeviceView
 from .request import TritonCompileRequest
 from .spec import compile_inputs, resolve_kernel, spec_json
+from .standin import install_stand_in
 
 log = logging.getLogger("jit_ahead.triton.build")
 
@@ -99,14 +101,17 @@ def _libcuda_missing() -> str | None:
 
 
 # -- the builder interface the helper worker calls ------------------------------------------------------------
-def prepare() -> dict:
-    """Pay the fixed costs before saying ready: Triton's import, triton_key() and the ptxas version."""
+def prepare(view: DeviceView | None = None) -> dict:
+    """Show kernel libraries the server's GPU (a stand-in driver with its target and properties), then pay
+    the fixed costs before saying ready: Triton's import, triton_key() and the ptxas version."""
     from triton.compiler import make_backend
     from triton.runtime.cache import triton_key
 
+    if view is not None:
+        install_stand_in(view)
     t0 = time.perf_counter()
     triton_key()
-    make_backend(GPUTarget("cuda", 90, 32)).hash()
+    make_backend(triton.runtime.driver.active.get_current_target() if view else GPUTarget("cuda", 90, 32)).hash()
     return {"triton": triton.__version__, "python": sys.version.split()[0], "cache_dir": knobs.cache.dir,
             "warmup_seconds": round(time.perf_counter() - t0, 3)}
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from triton import knobs
 
+from ..core import device_view
 from ..core import knobs as core_knobs
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
@@ -31,7 +32,7 @@ class TritonFamily:
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self.pool = HelperPool(
             SPEC, workers=core_knobs.worker_count(SPEC.workers_knob) if workers is None else workers,
-            stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir},
+            stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, device_view=device_view.current(),
             build_timeout=core_knobs.build_timeout_s())
         self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout)
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again

@@ -15,13 +15,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
 
+from ..core import device_view
+from ..core.device_view import DeviceView
+
 log = logging.getLogger("jit_ahead.triton")
-
-# Hopper (H100/H200) limits; what Triton's launch path checks a kernel against.
-_SM90_PROPERTIES = {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536,
-                    "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000,
-                    "mem_bus_width": 6144}
-
 
 class _StandInUtils:
     def __init__(self, properties: dict) -> None:
@@ -49,10 +46,10 @@ class _NoLaunch:
 
 
 class StandInDriver(DriverBase):
-    def __init__(self, target: GPUTarget, properties: dict | None = None) -> None:
+    def __init__(self, target: GPUTarget, properties: dict) -> None:
         super().__init__()
         self.target = target
-        self.utils = _StandInUtils(properties or _SM90_PROPERTIES)
+        self.utils = _StandInUtils(properties)
         self.launcher_cls = _NoLaunch
 
     @classmethod
@@ -121,14 +118,26 @@ def real_driver_available() -> bool:
         return False
 
 
+def install_stand_in(view: DeviceView) -> None:
+    """Show this process ``view``'s GPU: torch's device queries and a stand-in Triton driver."""
+    device_view.install(view)
+    triton.runtime.driver.set_active(StandInDriver(GPUTarget(*view.triton_target), view.triton_properties))
+
+
 def ensure_driver(target: GPUTarget | None = None) -> GPUTarget:
-    """Use the real driver when a GPU is there; otherwise install the stand-in for ``target``."""
+    """Use the real driver when a GPU is there; otherwise install the stand-in for ``target``.
+
+    Call it before importing kernel libraries that read the device at import (flash-linear-attention).
+    """
     driver = triton.runtime.driver
     if real_driver_available():
         return driver.active.get_current_target()
     wanted = target or default_target()
     current = driver._active
     if not isinstance(current, StandInDriver) or current.target != wanted:
-        driver.set_active(StandInDriver(wanted))
-        log.info("no GPU driver: jit_ahead's stand-in driver targets %s", wanted)
+        view = device_view.installed()
+        if view is None or GPUTarget(*view.triton_target) != wanted:
+            view = DeviceView.for_target(wanted.backend, wanted.arch, wanted.warp_size)
+        install_stand_in(view)
+        log.info("no GPU driver: jit_ahead's stand-in driver shows %s (%s)", view.name, wanted)
     return wanted

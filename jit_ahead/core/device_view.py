@@ -1,0 +1,104 @@
+"""The server's view of its GPU, reproduced where there is no GPU.
+
+Kernel libraries read the device when they are imported (flash-linear-attention picks block sizes and
+even kernel source branches from the device name, capability and shared memory). A CPU-only helper, or a
+planner on a machine without a GPU, must see the server's values or it plans and builds other variants.
+A :class:`DeviceView` is captured from the live GPU in the server (or is the embedded sm_90 default on a
+CPU-only machine), travels to helpers in their first message, and is installed there before any kernel
+module is imported: torch's device queries answer with the recorded values. Families add their own part
+(the Triton family installs a stand-in driver with the same target and properties).
+"""
+from __future__ import annotations
+
+import logging
+import types
+from dataclasses import dataclass, field
+
+log = logging.getLogger("jit_ahead.device_view")
+
+# An H200 as torch and Triton report it (read on the H200 host; see docs/gpu/device_view.json).
+_H200_TORCH = {"name": "NVIDIA H200", "major": 9, "minor": 0, "multi_processor_count": 132,
+               "total_memory": 150754820096, "shared_memory_per_block": 49152,
+               "shared_memory_per_block_optin": 232448, "shared_memory_per_multiprocessor": 233472,
+               "max_threads_per_multi_processor": 2048, "warp_size": 32, "regs_per_multiprocessor": 65536,
+               "L2_cache_size": 62914560, "is_integrated": 0, "is_multi_gpu_board": 0}
+_H200_TRITON = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": 132, "warpSize": 32,
+                "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 6144}
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    name: str
+    capability: tuple[int, int]
+    torch_properties: dict = field(default_factory=dict)  # torch.cuda.get_device_properties() fields
+    triton_target: tuple[str, int, int] = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size)
+    triton_properties: dict = field(default_factory=dict)  # driver.utils.get_device_properties()
+    device_count: int = 1
+
+    @classmethod
+    def h200(cls) -> "DeviceView":
+        """The embedded default for CPU-only machines: an H200 (sm_90)."""
+        return cls("NVIDIA H200", (9, 0), dict(_H200_TORCH), ("cuda", 90, 32), dict(_H200_TRITON))
+
+    @classmethod
+    def for_target(cls, backend: str, arch: int, warp_size: int = 32) -> "DeviceView":
+        if (backend, arch) == ("cuda", 90):
+            return cls.h200()
+        major, minor = divmod(arch, 10)
+        return cls(f"jit_ahead stand-in sm_{arch}", (major, minor), {"name": f"sm_{arch}", "major": major,
+                   "minor": minor}, (backend, arch, warp_size), dict(_H200_TRITON))
+
+    @classmethod
+    def capture(cls, device: int | None = None) -> "DeviceView | None":
+        """The live GPU's view, or None when this process has no GPU."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        device = torch.cuda.current_device() if device is None else device
+        props = torch.cuda.get_device_properties(device)
+        torch_properties = {k: getattr(props, k) for k in dir(props)
+                            if not k.startswith("_") and isinstance(getattr(props, k), (int, float, str, bool))}
+        triton_target, triton_properties = ("cuda", props.major * 10 + props.minor, 32), {}
+        try:
+            import triton
+
+            driver = triton.runtime.driver.active
+            target = driver.get_current_target()
+            triton_target = (target.backend, int(target.arch), int(target.warp_size))
+            triton_properties = dict(driver.utils.get_device_properties(device))
+        except Exception as exc:  # the torch part still helps libraries that only ask torch
+            log.warning("could not read Triton's device properties: %s", exc)
+        return cls(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
+                   torch_properties, triton_target, triton_properties, torch.cuda.device_count())
+
+    def install_torch(self) -> None:
+        """Make torch's device queries answer with this view (only where torch has no GPU of its own)."""
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        props = types.SimpleNamespace(**self.torch_properties)
+        cuda = torch.cuda
+        cuda.get_device_name = lambda device=None: self.name
+        cuda.get_device_capability = lambda device=None: tuple(self.capability)
+        cuda.get_device_properties = lambda device=None: props
+        cuda.device_count = lambda: self.device_count
+
+
+_installed: DeviceView | None = None
+
+
+def install(view: DeviceView) -> None:
+    global _installed
+    view.install_torch()
+    _installed = view
+
+
+def installed() -> DeviceView | None:
+    return _installed
+
+
+def current() -> DeviceView:
+    """The view helpers must see: the live GPU's, else the installed one, else the sm_90 default."""
+    return DeviceView.capture() or _installed or DeviceView.h200()
