@@ -134,3 +134,25 @@ def test_a_disk_hit_needs_no_build(session_factory):
         k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
     assert [hit for _, _, hit in compiles.events] == [True]
     assert session.stats.count("build_finish") == builds
+
+
+def test_a_hook_installed_before_ours_is_chained_and_its_veto_respected(session_factory):
+    from jit_ahead.triton import hook
+
+    session = session_factory(workers=0)
+    seen = []
+
+    def other_hook(*, key, fn, compile, **kwargs):
+        seen.append(fn.name)
+        return fn.name == "tuned_copy_kernel"  # another tool's own capture of this kernel
+
+    knobs.runtime.jit_cache_hook = other_hook  # someone replaced the slot after we installed
+    hook.install()
+    try:
+        assert k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=32) is not None
+        assert k.tuned_copy_kernel.fn.run(meta(), meta(), 4096, BLOCK=64, grid=(1,), warmup=False) is None
+    finally:
+        knobs.runtime.jit_cache_hook = None
+        hook.install()  # back to ours alone
+    assert seen == ["add_kernel", "tuned_copy_kernel"]
+    assert session.stats.count("build_finish") == 1  # the vetoed launch caused no build

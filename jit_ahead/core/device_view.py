@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 log = logging.getLogger("jit_ahead.device_view")
 
 # An H200 as torch and Triton report it (read on the H200 host; see docs/gpu/device_view.json).
-_H200_TORCH = {"name": "NVIDIA H200", "major": 9, "minor": 0, "multi_processor_count": 132,
-               "total_memory": 150754820096, "shared_memory_per_block": 49152,
+_H200_TORCH = {"L2_cache_size": 62914560, "clock_rate": 1980000, "gcnArchName": "NVIDIA H200",
+               "is_integrated": 0, "is_multi_gpu_board": 0, "major": 9, "max_threads_per_block": 1024,
+               "max_threads_per_multi_processor": 2048, "memory_bus_width": 6016,
+               "memory_clock_rate": 3201000, "minor": 0, "multi_processor_count": 132, "name": "NVIDIA H200",
+               "regs_per_multiprocessor": 65536, "shared_memory_per_block": 49152,
                "shared_memory_per_block_optin": 232448, "shared_memory_per_multiprocessor": 233472,
-               "max_threads_per_multi_processor": 2048, "warp_size": 32, "regs_per_multiprocessor": 65536,
-               "L2_cache_size": 62914560, "is_integrated": 0, "is_multi_gpu_board": 0}
+               "total_memory": 150109880320, "warp_size": 32}
 _H200_TRITON = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": 132, "warpSize": 32,
-                "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 6144}
+                "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 6016}
 
 
 @dataclass(frozen=True)

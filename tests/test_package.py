@@ -1,0 +1,30 @@
+"""Packaging and the main job."""
+import subprocess
+import sys
+
+from .conftest import REPO
+
+
+def test_the_core_never_imports_triton():
+    code = ("import sys, jit_ahead, jit_ahead.core.pool, jit_ahead.core.executor, jit_ahead.core.session, "
+            "jit_ahead.core.device_view, jit_ahead_helpers.worker; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'torch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == "[]"
+
+
+def test_helpers_install_under_their_own_name():
+    import jit_ahead_helpers.worker
+
+    assert jit_ahead_helpers.worker.__file__.endswith("helpers/worker.py")
+    assert subprocess.run([sys.executable, "-c", "import helpers"], capture_output=True, cwd="/").returncode != 0
+
+
+def test_demo_plans_and_builds_in_helpers(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "jit_ahead.cli", "demo", "--workers", "1", "--cache-dir",
+                          str(tmp_path), "--workloads", "liger.rms_norm,liger.swiglu"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "planned 2 variants of 2 kernels from 2 workloads" in out.stdout
+    assert "built 2 variants" in out.stdout and f"cache: {tmp_path}" in out.stdout
+    assert len(list(tmp_path.glob("*/__grp__*.json"))) == 2
