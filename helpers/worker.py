@@ -16,6 +16,7 @@ import traceback
 
 from jit_ahead.core import device_view
 from jit_ahead.core.helper_env import is_scrubbed
+from jit_ahead.core.requests import BuildResult
 from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
 
@@ -59,13 +60,14 @@ def _describe_self() -> dict:
 
 
 def _build(builder, job: Job) -> JobDone:
+    key = job.request.key
     t0 = time.perf_counter()
     try:
         details = builder.build(job.request.payload) or {}
-        return JobDone(job.job_id, job.request.key, True, time.perf_counter() - t0, None, details)
+        return JobDone(job.job_id, BuildResult(key, True, time.perf_counter() - t0, "", None, details))
     except Exception as exc:
-        error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8))
-        return JobDone(job.job_id, job.request.key, False, time.perf_counter() - t0, error.rstrip())
+        error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)).rstrip()
+        return JobDone(job.job_id, BuildResult(key, False, time.perf_counter() - t0, "", error))
 
 
 def main(argv: list[str]) -> int:

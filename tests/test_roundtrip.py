@@ -1,5 +1,4 @@
 """Planning -> helpers -> a fresh process whose normal launch path finds every variant on disk."""
-import pytest
 
 from jit_ahead.triton import capture
 

@@ -18,32 +18,26 @@ _LOCAL_SIZE_VARS = (
 )
 
 
-def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+def _env_number(name: str, default, minimum, parse, kind: str):
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw.strip())
+        value = parse(raw.strip())
     except ValueError:
         value = None
-    if value is None or value < minimum:
-        log.error("%s=%r is not an integer >= %d; using the default %d", name, raw, minimum, default)
+    if value is None or not value >= minimum:  # "not >=" also rejects nan
+        log.error("%s=%r is not %s >= %s; using the default %s", name, raw, kind, minimum, default)
         return default
     return value
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    return _env_number(name, default, minimum, int, "an integer")
 
 
 def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or not value >= minimum:  # also rejects nan
-        log.error("%s=%r is not a number >= %g; using the default %g", name, raw, minimum, default)
-        return default
-    return value
+    return _env_number(name, default, minimum, float, "a number")
 
 
 def usable_cpus() -> int:

@@ -8,6 +8,7 @@ the family names a builder module that helpers import, and its requests carry op
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -23,9 +24,9 @@ from .helper_env import helper_environment
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
                        write_message)
-from .requests import BuildRequest, BuildResult
+from .requests import BuildRequest
 from .stats import Stats
-from .table import RequestTable, State, Ticket
+from .table import RequestTable, Ticket
 
 log = logging.getLogger("jit_ahead.pool")
 
@@ -165,7 +166,14 @@ class HelperPool:
         with self._lock:
             helpers = list(self._helpers.values())
         for helper in helpers:
-            helper.stop(grace)
+            helper.send(Shutdown())  # an idle helper exits at once; a busy one after its build
+        deadline = time.monotonic() + grace
+        for helper in helpers:
+            try:
+                helper.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                helper.proc.kill()  # mid-build: its entry is published atomically or not at all
+                helper.proc.wait()
         for thread in self._threads:
             thread.join(timeout=grace + 1)
 
@@ -238,11 +246,14 @@ class HelperPool:
         while not self._closed.is_set():
             with self._lock:
                 self._starting += 1
+            helper = None
             try:
                 helper = self._start_helper(slot)
             finally:
-                with self._lock:
+                with self._lock:  # one step, so the helper is never counted neither starting nor live
                     self._starting -= 1
+                    if helper is not None:
+                        self._helpers[slot] = helper
             if helper is None:
                 failures += 1
                 if failures >= self._max_start_failures:
@@ -251,8 +262,6 @@ class HelperPool:
                     break
             else:
                 failures = 0
-                with self._lock:
-                    self._helpers[slot] = helper
                 try:
                     if self._serve(helper):
                         backoff = self._backoff_initial
@@ -374,6 +383,9 @@ class HelperPool:
             log.error("%s %s (pid %d): broken reply while building %s (%s)", self.family.name, helper.name,
                       helper.pid, request.label, exc)
             reply = None
+        if self._closed.is_set() and not isinstance(reply, JobDone):
+            self.table.release(ticket, crashed=False)  # stopped by close(), not a crash
+            return False
         if not isinstance(reply, JobDone) or reply.job_id != job_id:
             # The helper died mid-build (or sent garbage): release the claim at once so a waiting
             # launch builds in place now, not after its timeout.
@@ -387,15 +399,14 @@ class HelperPool:
             if reply is not None:
                 helper.proc.kill()
             return False
-        result = BuildResult(key=request.key, ok=reply.ok, seconds=reply.seconds, builder=helper.name,
-                             error=reply.error, details=reply.details)
-        if reply.ok:
-            self.helper_seconds.add(reply.seconds)
+        result = dataclasses.replace(reply.result, builder=helper.name)
+        if result.ok:
+            self.helper_seconds.add(result.seconds)
         else:
-            log.error("%s %s failed to build %s:\n%s", self.family.name, helper.name, request.label, reply.error)
+            log.error("%s %s failed to build %s:\n%s", self.family.name, helper.name, request.label, result.error)
         self.table.finish(ticket, result)
         self.stats.emit("build_finish", family=self.family.name, key=request.key, label=request.label,
-                        helper=helper.name, ok=reply.ok, error=reply.error, seconds=reply.seconds)
+                        helper=helper.name, ok=result.ok, error=result.error, seconds=result.seconds)
         return True
 
     # -- in-place builds on the executor --------------------------------------------------------------------

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from .requests import BuildRequest
+from .requests import BuildRequest, BuildResult
 
 _HEADER = struct.Struct("!Q")
 
@@ -53,11 +53,7 @@ class Job:
 @dataclass(frozen=True)
 class JobDone:
     job_id: int
-    key: str
-    ok: bool
-    seconds: float
-    error: str | None = None
-    details: dict = field(default_factory=dict)
+    result: BuildResult  # its ``builder`` is filled in by the pool, which knows the helper's name
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,13 @@ class Session:
             family.start()
         return self
 
-    def close(self) -> None:
+    def close(self, grace: float = 2.0) -> None:
+        """Stop every family's helpers; builds still running after ``grace`` seconds are abandoned."""
         if self._closed:
             return
         self._closed = True
         for family in self.families.values():
-            family.close()
+            family.close(grace)
 
     def __enter__(self) -> "Session":
         return self.start()

@@ -54,6 +54,6 @@ class TritonFamily:
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
-    def close(self) -> None:
+    def close(self, grace: float = 2.0) -> None:
         hook.clear_miss_handler(self._on_miss)
-        self.pool.close()
+        self.pool.close(grace)
