@@ -40,3 +40,21 @@ def test_requests_already_on_disk_are_not_queued(triton_cache, session_factory):
     wait_all(session.triton.submit(planned))
     assert planned.missing() == []
     assert session.triton.submit(planned) == []
+
+
+def test_repeated_launches_in_a_capture_hit_its_private_cache_which_is_dropped_after():
+    import torch
+
+    from .kernels import basic as k
+
+    x = torch.empty(1 << 14, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for n in range(1, 2049):  # n == 1 and n % 16 == 0 are the only classes of a plain int
+            k.add_kernel[(1,)](x[:n], x, x, n, BLOCK=128)
+        device = planned.device
+        assert device in k.add_kernel.device_caches
+    # classes: n == 1 (constexpr), n % 16 == 0, other; each with x[:n] aligned: 3 variants, 3 hook calls.
+    assert len(planned) == 3 and planned.launches == 3
+    assert device not in k.add_kernel.device_caches
+    # A real launch afterwards is untouched by the capture: it misses in memory and compiles.
+    assert k.add_kernel[(1,)](x, x, x, 4096, BLOCK=128) is not None

@@ -13,12 +13,14 @@ requests each pruned config instead.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import threading
 import time
 from collections.abc import Iterator
 
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
@@ -52,24 +54,58 @@ def request_from_hook(fn, compile: dict, env: dict[str, str] | None = None) -> T
                                 env=tuple(sorted(env.items())), predicted_hash=predicted)
 
 
+class _Recorded:
+    """Fills a capture's private in-memory cache for a variant already recorded, so that enumerating
+    thousands of shapes costs Triton's in-memory hit path (~12 us) per repeat, not the hook's ~150 us.
+    It accepts the launch and does nothing, like the capture itself."""
+
+    function = None
+    packed_metadata = None
+
+    def launch_metadata(self, *args):
+        return None
+
+    def run(self, *args, **kwargs):
+        return None
+
+
+_RECORDED = _Recorded()
+# Each capture launches on its own device index, far above any real GPU's: Triton keys its in-memory cache
+# by device, so what a capture stores there is never seen by a real launch, and is dropped afterwards.
+_private_devices = itertools.count(1 << 20)
+
+
 class Capture:
     """The requests captured in one planning context, deduplicated by predicted disk hash.
 
     The in-memory key depends on keyword order; the disk hash does not, so it is the identity here.
+    ``launches`` counts distinct in-memory variants seen (repeats hit the capture's private cache).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: dict[str, TritonCompileRequest] = {}
         self._env = cache_invalidating_env()
+        self._kernels: set[JITFunction] = set()
+        self.device = next(_private_devices)
         self.launches = 0
         self.seconds = 0.0
 
     def record(self, *, fn, compile: dict) -> None:
         request = request_from_hook(fn, compile, self._env)
+        kernel = fn.jit_function
+        kernel.device_caches[compile["device"]][0][compile["key"]] = _RECORDED
         with self._lock:
+            self._kernels.add(kernel)
             self.launches += 1
             self._requests.setdefault(request.predicted_hash, request)
+
+    def release(self) -> None:
+        """Drop the private in-memory caches this capture filled."""
+        with self._lock:
+            kernels, self._kernels = self._kernels, set()
+        for kernel in kernels:
+            kernel.device_caches.pop(self.device, None)
 
     @property
     def requests(self) -> list[TritonCompileRequest]:
@@ -118,12 +154,62 @@ def _autotuner_requests_all_configs() -> Iterator[None]:
                 Autotuner.run = _original_autotuner_run
 
 
+# -- the driver: a capturing context launches on its capture's private device ------------------------------
+_driver_lock = threading.Lock()
+_driver_users = 0
+_driver_saved: tuple | None = None  # (driver, {name: (was_instance_attribute, original)})
+
+
+def _private_device_driver_install() -> None:
+    global _driver_users, _driver_saved
+    with _driver_lock:
+        _driver_users += 1
+        if _driver_users > 1:
+            return
+        driver = triton.runtime.driver.active
+        saved = {name: (name in vars(driver), getattr(driver, name))
+                 for name in ("get_current_device", "get_current_stream")}
+        original_device = saved["get_current_device"][1]
+        original_stream = saved["get_current_stream"][1]
+
+        def get_current_device():
+            plan = hook.capturing.get()
+            return original_device() if plan is None else plan.device
+
+        def get_current_stream(*args):
+            return original_stream(*args) if hook.capturing.get() is None else 0
+
+        driver.get_current_device = get_current_device
+        driver.get_current_stream = get_current_stream
+        _driver_saved = (driver, saved)
+
+
+def _private_device_driver_remove() -> None:
+    global _driver_users, _driver_saved
+    with _driver_lock:
+        _driver_users -= 1
+        if _driver_users > 0 or _driver_saved is None:
+            return
+        driver, saved = _driver_saved
+        for name, (was_instance_attribute, original) in saved.items():
+            if was_instance_attribute:
+                setattr(driver, name, original)
+            else:
+                vars(driver).pop(name, None)
+        _driver_saved = None
+
+
 @contextlib.contextmanager
 def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
-    """Record the compile requests of every Triton launch made in this context; nothing compiles or runs."""
+    """Record the compile requests of every Triton launch made in this context; nothing compiles or runs.
+
+    While any capture is active, the driver's device and stream queries go through a ContextVar check
+    (well under a microsecond per launch): launches outside capturing contexts are otherwise untouched.
+    """
     ensure_driver(target)
     hook.install()
     plan = Capture()
+    _private_device_driver_install()
     token = hook.capturing.set(plan)
     t0 = time.perf_counter()
     try:
@@ -131,6 +217,8 @@ def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
             yield plan
     finally:
         hook.capturing.reset(token)
+        _private_device_driver_remove()
+        plan.release()
         plan.seconds += time.perf_counter() - t0
 
 
