@@ -5,7 +5,11 @@ import atexit
 import importlib
 import logging
 import threading
+import time
 
+from .limits import EngineLimits
+from .planning import PlanningRun
+from .priority import Priority
 from .stats import Stats
 
 log = logging.getLogger("jit_ahead.session")
@@ -28,6 +32,8 @@ class Session:
         self.families = {name: _family_class(name)(self.stats, **family_options.get(name, {}))
                          for name in families}
         self._closed = False
+        self._planning: list[PlanningRun] = []
+        self.phase = "startup"
 
     def __getattr__(self, name: str):
         families = self.__dict__.get("families", {})
@@ -39,6 +45,34 @@ class Session:
         for family in self.families.values():
             family.start()
         return self
+
+    # -- lifecycle for engines ---------------------------------------------------------------------------
+    def plan_model(self, model, limits: EngineLimits, providers) -> PlanningRun:
+        """Start planning ``model`` within ``limits`` in the background and return at once.
+
+        Call it at model construction (the model may still be on the meta device): captures and builds
+        overlap weight loading. ``providers`` are Provider instances.
+        """
+        run = PlanningRun(self.families, self.stats, model, limits, list(providers)).start()
+        self._planning.append(run)
+        return run
+
+    def wait_ready(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
+        """Wait until planning has queued everything and every request up to ``priority`` is settled
+        (built, failed or quarantined); True if that happened within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if not all(run.wait(remaining()) for run in self._planning):
+            return False
+        return all(family.pool.table.wait_settled(priority, remaining()) for family in self.families.values())
+
+    def mark_serving(self) -> None:
+        """The engine finished warmup: from here on, a compile on the executor is a miss to report."""
+        self.phase = "serving"
+        self.stats.emit("phase", phase="serving")
 
     def close(self, grace: float = 2.0) -> None:
         """Stop every family's helpers; builds still running after ``grace`` seconds are abandoned."""

@@ -201,6 +201,15 @@ class RequestTable:
         with self._cond:
             self._cond.notify_all()
 
+    def wait_settled(self, priority: Priority, timeout: float | None = None) -> bool:
+        """Wait until every ticket at ``priority`` or higher is settled; True if so within ``timeout``."""
+        def settled() -> bool:
+            return all(t.state in SETTLED for t in self._tickets.values() if t.priority <= priority)
+
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or settled(), timeout)
+            return settled()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

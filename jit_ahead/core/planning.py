@@ -1,0 +1,88 @@
+"""Planning a model in the background: providers' launches run in captures, requests go to the pools.
+
+Started at model construction, it overlaps weight loading; what warmup and CUDA-graph capture need is
+captured and queued first (WARMUP), the rest of the reachable space after it (BACKGROUND). A provider
+that fails is reported in one log line and skipped; planning never raises into the engine.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+
+from .limits import EngineLimits
+from .priority import Priority
+
+log = logging.getLogger("jit_ahead.planning")
+
+
+class PlanningRun:
+    def __init__(self, families: dict, stats, model, limits: EngineLimits, providers: list) -> None:
+        self._families = families
+        self._stats = stats
+        self._model = model
+        self._limits = limits
+        self._providers = providers
+        self._done = threading.Event()
+        self.tickets: list = []
+        self.variants: dict[Priority, int] = defaultdict(int)
+        self.errors: list[str] = []
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="jit_ahead-planning", daemon=True)
+
+    def start(self) -> "PlanningRun":
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every provider's launches were captured and queued."""
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _fail(self, provider, what: str, exc: BaseException) -> None:
+        message = f"provider {provider.name}: {what} failed ({type(exc).__name__}: {exc}); skipped"
+        self.errors.append(message)
+        log.warning(message)
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            groups: dict[tuple[Priority, str], list] = defaultdict(list)
+            for provider in self._providers:
+                try:
+                    layers = provider.find_layers(self._model)
+                    launches = list(provider.launches(layers, self._limits)) if layers else []
+                except Exception as exc:
+                    self._fail(provider, "enumeration", exc)
+                    continue
+                for launch in launches:
+                    groups[(launch.priority, provider.family)].append((provider, launch))
+            for (priority, family_name), items in sorted(groups.items(), key=lambda kv: kv[0][0]):
+                self._capture_and_queue(self._families[family_name], priority, items)
+        except Exception as exc:  # a bug guard: planning must never take the engine down
+            log.exception("planning stopped early")
+            self.errors.append(f"planning stopped: {exc!r}")
+        finally:
+            self.seconds = time.perf_counter() - t0
+            self._done.set()
+
+    def _capture_and_queue(self, family, priority: Priority, items: list) -> None:
+        t0 = time.perf_counter()
+        failed: set[tuple[str, str]] = set()
+        with family.capture() as plan:
+            for provider, launch in items:
+                try:
+                    launch.run()
+                except Exception as exc:
+                    if (provider.name, type(exc).__name__) not in failed:  # one line per provider and error
+                        failed.add((provider.name, type(exc).__name__))
+                        self._fail(provider, f"launch {launch.label}", exc)
+        tickets = family.submit(plan, priority)
+        self.tickets.extend(tickets)
+        self.variants[priority] += len(plan)
+        self._stats.emit("planned", family=family.name, priority=priority.name, launches=len(items),
+                         variants=len(plan), queued=len(tickets), seconds=time.perf_counter() - t0)

@@ -1,0 +1,37 @@
+"""The provider API: model-facing code that finds a kernel library's layers and enumerates every launch
+they can make within the engine limits, by calling the library's real launcher on meta tensors."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..core.limits import EngineLimits
+from ..core.priority import Priority
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """One call of a library launcher on meta tensors; run inside a capture it yields compile requests."""
+
+    priority: Priority  # WARMUP for what warmup and CUDA-graph capture need, else BACKGROUND
+    run: Callable[[], object]
+    label: str
+
+
+class Provider(ABC):
+    """Subclass per kernel library or layer type. Providers never compile or launch anything themselves:
+    the session runs their launches in a capture and queues the requests."""
+
+    name: ClassVar[str]
+    library: ClassVar[str]  # importable module; built-in providers are enabled when it imports
+    family: ClassVar[str] = "triton"
+
+    @abstractmethod
+    def find_layers(self, model) -> list:
+        """The model's layers this provider plans for (``model.modules()``; meta or real weights)."""
+
+    @abstractmethod
+    def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
+        """Every launch the layers can make within ``limits``; duplicates are fine (deduplicated later)."""

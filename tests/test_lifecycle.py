@@ -1,0 +1,111 @@
+"""The engine lifecycle: plan at model construction without blocking, WARMUP first, wait for readiness."""
+import logging
+import random
+import threading
+
+import pytest
+import torch
+
+from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.priority import Priority
+from jit_ahead.providers import PlannedLaunch, Provider
+from jit_ahead.triton import capture
+
+from .kernels import basic as k
+
+
+class ScaleLayer(torch.nn.Module):
+    """A layer whose forward launches tests.kernels.scale_kernel over its tokens."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel()
+        block = 1024 if self.hidden >= 1024 else 256
+        k.scale_kernel[(triton_cdiv(n, block),)](x, x, n, 0.5, BLOCK=block)
+        return x
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+class ScaleProvider(Provider):
+    """A provider for ScaleLayer: every token count up to max_num_tokens, CUDA-graph sizes first."""
+
+    name = "test-scale"
+    library = "tests"
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.gate = gate
+
+    def find_layers(self, model):
+        if self.gate is not None:
+            self.gate.wait(30)  # stands in for a slow model walk: plan_model must not block on it
+        return [m for m in model.modules() if isinstance(m, ScaleLayer)]
+
+    def launches(self, layers, limits):
+        for layer in {layer.hidden: layer for layer in layers}.values():
+            for dtype in limits.torch_dtypes():
+                for tokens in range(1, limits.max_num_tokens + 1):
+                    x = torch.empty(tokens, layer.hidden, device="meta", dtype=dtype)
+                    warm = tokens in limits.cuda_graph_batch_sizes
+                    yield PlannedLaunch(Priority.WARMUP if warm else Priority.BACKGROUND,
+                                        lambda layer=layer, x=x: layer(x), f"{layer.hidden}x{tokens}")
+
+
+class BrokenProvider(ScaleProvider):
+    name = "test-broken"
+
+    def launches(self, layers, limits):
+        raise RuntimeError("this library changed its API")
+
+
+def model():
+    return torch.nn.Sequential(ScaleLayer(1024), ScaleLayer(1000), ScaleLayer(1024))
+
+
+def test_plan_model_returns_at_once_queues_warmup_first_and_covers_real_calls(session_factory, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = session_factory(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    limits = EngineLimits(max_num_tokens=512, max_batch_size=8, dtypes=("float16", "float32"),
+                          cuda_graph_batch_sizes=(1, 8))
+    gate = threading.Event()
+    run = session.plan_model(model(), limits, [ScaleProvider(gate), BrokenProvider()])
+    assert not run.done  # returned while the provider was still walking the model
+    gate.set()
+    assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
+    assert run.done and all(t.result.ok for t in run.tickets)
+    assert run.variants[Priority.WARMUP] > 0 and run.variants[Priority.BACKGROUND] > 0
+    assert any("test-broken" in r.getMessage() and "changed its API" in r.getMessage() for r in caplog.records)
+
+    planned = [e for e in events if e["event"] == "planned"]
+    assert [e["priority"] for e in planned] == ["WARMUP", "BACKGROUND"]
+    starts = [e["priority"] for e in events if e["event"] == "build_start"]
+    assert starts[: starts.count("WARMUP")] == ["WARMUP"] * starts.count("WARMUP")
+
+    # Coverage: real calls at random shapes within the limits need nothing that was not planned.
+    planned_keys = {t.key for t in run.tickets}
+    rng = random.Random(0)
+    layers = list(model())
+    for _ in range(40):
+        layer = rng.choice(layers)
+        tokens = rng.randint(1, limits.max_num_tokens)
+        dtype = rng.choice(limits.torch_dtypes())
+        with capture() as real:
+            layer(torch.empty(tokens, layer.hidden, device="meta", dtype=dtype))
+        missing = [r for r in real.requests if r.predicted_hash not in planned_keys]
+        assert not missing, f"{layer.hidden}x{tokens} {dtype}: {[r.label for r in missing]}"
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        EngineLimits(max_num_tokens=0)
+    with pytest.raises(ValueError, match="cuda_graph_batch_sizes"):
+        EngineLimits(max_batch_size=4, cuda_graph_batch_sizes=(8,))
+    with pytest.raises(ValueError, match="dtypes"):
+        EngineLimits(dtypes=("bfloat17",)).torch_dtypes()
