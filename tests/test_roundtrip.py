@@ -58,3 +58,15 @@ def test_repeated_launches_in_a_capture_hit_its_private_cache_which_is_dropped_a
     assert device not in k.add_kernel.device_caches
     # A real launch afterwards is untouched by the capture: it misses in memory and compiles.
     assert k.add_kernel[(1,)](x, x, x, 4096, BLOCK=128) is not None
+
+
+def test_plan_launch_returns_every_pruned_autotune_config():
+    import torch
+
+    from jit_ahead.triton import plan_launch
+
+    from .kernels import basic as k
+
+    x = torch.empty(4096, device="meta", dtype=torch.float16)
+    requests = plan_launch(k.tuned_copy_kernel, x, x, 4096)
+    assert len(requests) == 3 and {r.qualname for r in requests} == {"tuned_copy_kernel"}

@@ -9,6 +9,7 @@ the family names a builder module that helpers import, and its requests carry op
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import select
@@ -143,7 +144,7 @@ class HelperPool:
         self._starting = 0  # slots that are starting a helper right now
         self._preload: list[str] = []
         self._bad_preloads: set[str] = set()
-        self._job_ids = iter(range(1, 1 << 62))
+        self._job_ids = itertools.count(1)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,9 +186,12 @@ class HelperPool:
     def submit(self, request: BuildRequest, priority: Priority) -> Ticket:
         if request.family != self.family.name:
             raise ValueError(f"request for family {request.family!r} sent to the {self.family.name!r} pool")
+        known = self.table.get(request.key)
+        was = known.priority if known is not None else None
         ticket = self.table.submit(request, priority)
-        self.stats.emit("queued", family=self.family.name, key=request.key, label=request.label,
-                        priority=ticket.priority.name)
+        if ticket.priority != was:  # new, or raised: a duplicate at the same or a lower level is no event
+            self.stats.emit("queued", family=self.family.name, key=request.key, label=request.label,
+                            priority=ticket.priority.name, raised=was is not None)
         return ticket
 
     def preload(self, modules) -> None:

@@ -8,7 +8,6 @@ with both hashes in the error. A per-variant file lock makes the ranks of one no
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 import time
@@ -22,8 +21,6 @@ from ..core.device_view import DeviceView
 from .request import TritonCompileRequest
 from .spec import compile_inputs, resolve_kernel, spec_json
 from .standin import install_stand_in
-
-log = logging.getLogger("jit_ahead.triton.build")
 
 
 class HashMismatch(RuntimeError):

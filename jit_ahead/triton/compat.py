@@ -2,14 +2,8 @@
 from __future__ import annotations
 
 import functools
-import logging
 
-import triton
 import triton.runtime.jit as triton_jit
-
-log = logging.getLogger("jit_ahead.triton")
-
-TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 def jit_function_ref(fn) -> dict:

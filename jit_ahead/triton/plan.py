@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +28,6 @@ from . import hook
 from .request import TritonCompileRequest
 from .spec import decode_options, on_disk, predict_hash, target_tuple
 from .standin import ensure_driver
-
-log = logging.getLogger("jit_ahead.triton.plan")
 
 
 def cache_invalidating_env() -> dict[str, str]:

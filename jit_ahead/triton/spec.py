@@ -12,7 +12,6 @@ import json
 import os
 from typing import Any
 
-import triton
 import triton.language as tl
 from triton import knobs
 from triton.backends.compiler import GPUTarget
@@ -124,5 +123,3 @@ def target_tuple(target: GPUTarget) -> tuple[str, int, int]:
 def spec_json(specialization_data: str) -> dict:
     return json.loads(specialization_data)
 
-
-TRITON_VERSION_STRING = triton.__version__
