@@ -109,3 +109,46 @@ def test_limits_are_checked():
         EngineLimits(max_batch_size=4, cuda_graph_batch_sizes=(8,))
     with pytest.raises(ValueError, match="dtypes"):
         EngineLimits(dtypes=("bfloat17",)).torch_dtypes()
+
+
+def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
+    import time
+
+    import psutil
+
+    from jit_ahead.core.table import State
+
+    session = session_factory(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    x = torch.empty(4096, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for block in (32, 64, 128):
+            k.add_kernel[(1,)](x, x, x, 4096, BLOCK=block)
+    tickets = session.triton.submit(planned, Priority.BACKGROUND)
+    deadline = time.monotonic() + 120
+    while not session.triton.pool.helper_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (pid,) = session.triton.pool.helper_pids().values()
+    session.mark_serving()
+    assert all(t.wait(120) is State.DONE for t in tickets)  # queued work is finished first
+    while session.triton.pool.live_helpers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert session.triton.pool.live_helpers() == 0
+
+    def exited() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    def retired() -> list:
+        return [e["helper"] for e in events if e["event"] == "helper_retired"]
+
+    while not (exited() and retired()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exited() and retired() == ["helper-0"]
+    # A miss while serving builds in place at once.
+    kernel = k.add_kernel[(1,)](x, x, x, 4096, BLOCK=256)
+    assert kernel is not None
+    assert session.triton.pool.table.get(kernel.hash).result.builder == "executor"

@@ -139,6 +139,7 @@ class HelperPool:
         self._max_start_failures = max_start_failures
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._retire = threading.Event()  # set at the start of serving: helpers exit once the queue is empty
         self._threads: list[threading.Thread] = []
         self._helpers: dict[int, _Helper] = {}
         self._starting = 0  # slots that are starting a helper right now
@@ -177,6 +178,12 @@ class HelperPool:
                 helper.proc.wait()
         for thread in self._threads:
             thread.join(timeout=grace + 1)
+
+    def retire_when_idle(self) -> None:
+        """Serving has started: each helper exits once nothing is queued (it holds host memory); misses
+        after that build in place. Work still queued (REPLAY, BACKGROUND) is finished first."""
+        self._retire.set()
+        self.table.notify()
 
     @property
     def closed(self) -> bool:
@@ -272,7 +279,10 @@ class HelperPool:
                 finally:
                     with self._lock:
                         self._helpers.pop(slot, None)
-                    helper.stop(0.5)
+                    helper.stop(5.0)
+                if self._retire.is_set() and helper.proc.returncode == 0:
+                    self.stats.emit("helper_retired", family=self.family.name, helper=helper.name)
+                    break
             self.table.notify()  # launches waiting on queued work re-decide: a helper went away
             if self._closed.wait(backoff):
                 break
@@ -359,6 +369,8 @@ class HelperPool:
                 return built
             ticket = self.table.take_next(helper.name, timeout=0.2)
             if ticket is None:
+                if self._retire.is_set():
+                    return built  # serving: nothing queued, so give the host memory back
                 continue
             alive = self._run_job(helper, ticket)
             built = built or alive

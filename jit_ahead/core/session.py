@@ -70,9 +70,12 @@ class Session:
         return all(family.pool.table.wait_settled(priority, remaining()) for family in self.families.values())
 
     def mark_serving(self) -> None:
-        """The engine finished warmup: from here on, a compile on the executor is a miss to report."""
+        """The engine finished warmup: from here on, a compile on the executor is a miss to report, and
+        helpers exit once their queue is empty."""
         self.phase = "serving"
         self.stats.emit("phase", phase="serving")
+        for family in self.families.values():
+            family.pool.retire_when_idle()
 
     def close(self, grace: float = 2.0) -> None:
         """Stop every family's helpers; builds still running after ``grace`` seconds are abandoned."""
