@@ -16,9 +16,9 @@ import traceback
 
 from jit_ahead.core import device_view
 from jit_ahead.core.helper_env import is_scrubbed
-from jit_ahead.core.requests import BuildResult
 from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
+from jit_ahead.core.requests import BuildResult
 
 log = logging.getLogger("jit_ahead.helper")
 

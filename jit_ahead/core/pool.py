@@ -97,14 +97,19 @@ class _Helper:
                 return f"killed by signal {-code}"
         return f"exit code {code}"
 
+    def wait_or_kill(self, timeout: float) -> None:
+        """Wait for the process to exit; kill it after ``timeout`` (a half-built entry is never published:
+        Triton writes each cache entry atomically)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self, grace: float) -> None:
         if self.proc.poll() is None:
             self.send(Shutdown())
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.wait_or_kill(grace)
         for stream in (self.to_helper, self.from_helper):
             try:
                 stream.close()
@@ -169,13 +174,9 @@ class HelperPool:
             helpers = list(self._helpers.values())
         for helper in helpers:
             helper.send(Shutdown())  # an idle helper exits at once; a busy one after its build
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + grace  # one deadline for all, not ``grace`` per helper
         for helper in helpers:
-            try:
-                helper.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                helper.proc.kill()  # mid-build: its entry is published atomically or not at all
-                helper.proc.wait()
+            helper.wait_or_kill(max(0.0, deadline - time.monotonic()))
         for thread in self._threads:
             thread.join(timeout=grace + 1)
 
@@ -193,12 +194,10 @@ class HelperPool:
     def submit(self, request: BuildRequest, priority: Priority) -> Ticket:
         if request.family != self.family.name:
             raise ValueError(f"request for family {request.family!r} sent to the {self.family.name!r} pool")
-        known = self.table.get(request.key)
-        was = known.priority if known is not None else None
-        ticket = self.table.submit(request, priority)
-        if ticket.priority != was:  # new, or raised: a duplicate at the same or a lower level is no event
+        ticket, change = self.table.submit_reporting(request, priority)
+        if change is not None:  # a duplicate at the same or a lower level is no event
             self.stats.emit("queued", family=self.family.name, key=request.key, label=request.label,
-                            priority=ticket.priority.name, raised=was is not None)
+                            priority=ticket.priority.name, raised=change == "raised")
         return ticket
 
     def preload(self, modules) -> None:

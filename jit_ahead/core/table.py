@@ -68,6 +68,10 @@ class RequestTable:
     # -- submission ---------------------------------------------------------------------------
     def submit(self, request: BuildRequest, priority: Priority) -> Ticket:
         """Queue ``request`` unless its key is known; a queued key is raised to ``priority``."""
+        return self.submit_reporting(request, priority)[0]
+
+    def submit_reporting(self, request: BuildRequest, priority: Priority) -> tuple[Ticket, str | None]:
+        """``submit`` that also says what it did: "new", "raised", or None for a plain duplicate."""
         with self._cond:
             ticket = self._tickets.get(request.key)
             if ticket is None:
@@ -75,12 +79,14 @@ class RequestTable:
                 self._tickets[request.key] = ticket
                 self._push(ticket)
                 self._cond.notify_all()
-            elif priority < ticket.priority:
-                ticket.priority = priority
-                if ticket.state is State.QUEUED:
-                    self._push(ticket)
-                    self._cond.notify_all()
-            return ticket
+                return ticket, "new"
+            if priority >= ticket.priority:
+                return ticket, None
+            ticket.priority = priority
+            if ticket.state is State.QUEUED:
+                self._push(ticket)
+                self._cond.notify_all()
+            return ticket, "raised"
 
     def _push(self, ticket: Ticket) -> None:
         heapq.heappush(self._heap, (int(ticket.priority), next(self._seq), ticket.key))
@@ -189,12 +195,7 @@ class RequestTable:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued or running; True if that happened within ``timeout``."""
-        def idle() -> bool:
-            return all(t.state in SETTLED for t in self._tickets.values())
-
-        with self._cond:
-            self._cond.wait_for(lambda: self._closed or idle(), timeout)
-            return idle()
+        return self.wait_settled(max(Priority), timeout)
 
     def notify(self) -> None:
         """Wake every waiter so it re-evaluates (the pool's helper count changed)."""

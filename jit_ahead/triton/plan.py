@@ -117,13 +117,14 @@ class Capture:
         return len(self._requests)
 
 
-# -- autotuner: request every pruned config instead of benchmarking -------------------------------------------
-_autotune_lock = threading.Lock()
-_autotune_users = 0
+# -- process-wide patches, installed while any capture is active ---------------------------------------------
+# Launches outside capturing contexts only pass through a ContextVar check while a capture runs, and
+# nothing at all otherwise.
 _original_autotuner_run = Autotuner.run
 
 
 def _capturing_autotuner_run(self, *args, **kwargs):
+    """In a capture, request every pruned config instead of benchmarking (which needs a GPU)."""
     if hook.capturing.get() is None:
         return _original_autotuner_run(self, *args, **kwargs)
     self.nargs = dict(zip(self.arg_names, args))
@@ -135,65 +136,56 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     return None
 
 
+def _redirect_driver(driver) -> dict:
+    """In a capture, launch on the capture's private device (and stream 0); returns what to restore."""
+    saved = {name: (name in vars(driver), getattr(driver, name))
+             for name in ("get_current_device", "get_current_stream")}
+    original_device = saved["get_current_device"][1]
+    original_stream = saved["get_current_stream"][1]
+
+    def get_current_device():
+        plan = hook.capturing.get()
+        return original_device() if plan is None else plan.device
+
+    def get_current_stream(*args):
+        return original_stream(*args) if hook.capturing.get() is None else 0
+
+    driver.get_current_device = get_current_device
+    driver.get_current_stream = get_current_stream
+    return saved
+
+
+def _restore_driver(driver, saved: dict) -> None:
+    for name, (was_instance_attribute, original) in saved.items():
+        if was_instance_attribute:
+            setattr(driver, name, original)
+        else:
+            vars(driver).pop(name, None)
+
+
+_patch_lock = threading.Lock()
+_patch_users = 0
+_patched_driver: tuple | None = None  # (driver, what _redirect_driver saved)
+
+
 @contextlib.contextmanager
-def _autotuner_requests_all_configs() -> Iterator[None]:
-    # Patched only while some capture is active, so launches outside planning pay nothing otherwise.
-    global _autotune_users
-    with _autotune_lock:
-        _autotune_users += 1
-        Autotuner.run = _capturing_autotuner_run
+def _capture_patches() -> Iterator[None]:
+    global _patch_users, _patched_driver
+    with _patch_lock:
+        _patch_users += 1
+        if _patch_users == 1:
+            Autotuner.run = _capturing_autotuner_run
+            driver = triton.runtime.driver.active
+            _patched_driver = (driver, _redirect_driver(driver))
     try:
         yield
     finally:
-        with _autotune_lock:
-            _autotune_users -= 1
-            if _autotune_users == 0:
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
                 Autotuner.run = _original_autotuner_run
-
-
-# -- the driver: a capturing context launches on its capture's private device ------------------------------
-_driver_lock = threading.Lock()
-_driver_users = 0
-_driver_saved: tuple | None = None  # (driver, {name: (was_instance_attribute, original)})
-
-
-def _private_device_driver_install() -> None:
-    global _driver_users, _driver_saved
-    with _driver_lock:
-        _driver_users += 1
-        if _driver_users > 1:
-            return
-        driver = triton.runtime.driver.active
-        saved = {name: (name in vars(driver), getattr(driver, name))
-                 for name in ("get_current_device", "get_current_stream")}
-        original_device = saved["get_current_device"][1]
-        original_stream = saved["get_current_stream"][1]
-
-        def get_current_device():
-            plan = hook.capturing.get()
-            return original_device() if plan is None else plan.device
-
-        def get_current_stream(*args):
-            return original_stream(*args) if hook.capturing.get() is None else 0
-
-        driver.get_current_device = get_current_device
-        driver.get_current_stream = get_current_stream
-        _driver_saved = (driver, saved)
-
-
-def _private_device_driver_remove() -> None:
-    global _driver_users, _driver_saved
-    with _driver_lock:
-        _driver_users -= 1
-        if _driver_users > 0 or _driver_saved is None:
-            return
-        driver, saved = _driver_saved
-        for name, (was_instance_attribute, original) in saved.items():
-            if was_instance_attribute:
-                setattr(driver, name, original)
-            else:
-                vars(driver).pop(name, None)
-        _driver_saved = None
+                _restore_driver(*_patched_driver)
+                _patched_driver = None
 
 
 @contextlib.contextmanager
@@ -206,17 +198,15 @@ def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
     ensure_driver(target)
     hook.install()
     plan = Capture()
-    _private_device_driver_install()
-    token = hook.capturing.set(plan)
     t0 = time.perf_counter()
-    try:
-        with _autotuner_requests_all_configs():
+    with _capture_patches():
+        token = hook.capturing.set(plan)
+        try:
             yield plan
-    finally:
-        hook.capturing.reset(token)
-        _private_device_driver_remove()
-        plan.release()
-        plan.seconds += time.perf_counter() - t0
+        finally:
+            hook.capturing.reset(token)
+            plan.release()
+            plan.seconds += time.perf_counter() - t0
 
 
 def plan_launch(kernel, *args, grid=(1,), **kwargs) -> list[TritonCompileRequest]:

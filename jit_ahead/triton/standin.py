@@ -20,6 +20,7 @@ from ..core.device_view import DeviceView
 
 log = logging.getLogger("jit_ahead.triton")
 
+
 class _StandInUtils:
     def __init__(self, properties: dict) -> None:
         self._properties = dict(properties)
