@@ -16,6 +16,8 @@ from .priority import Priority
 
 log = logging.getLogger("jit_ahead.planning")
 
+SUBMIT_EVERY_S = 1.0
+
 
 class PlanningRun:
     def __init__(self, families: dict, stats, model, limits: EngineLimits, providers: list) -> None:
@@ -71,18 +73,27 @@ class PlanningRun:
             self._done.set()
 
     def _capture_and_queue(self, family, priority: Priority, items: list) -> None:
+        """Capture ``items`` and queue what they need, in slices of SUBMIT_EVERY_S seconds: helpers start
+        on the first variants while a long enumeration is still running."""
         t0 = time.perf_counter()
         failed: set[tuple[str, str]] = set()
+        queued = submitted = 0
         with family.capture() as plan:
-            for provider, launch in items:
+            last_submit = time.perf_counter()
+            for index, (provider, launch) in enumerate(items):
                 try:
                     launch.run()
                 except Exception as exc:
                     if (provider.name, type(exc).__name__) not in failed:  # one line per provider and error
                         failed.add((provider.name, type(exc).__name__))
                         self._fail(provider, f"launch {launch.label}", exc)
-        tickets = family.submit(plan, priority)
-        self.tickets.extend(tickets)
+                if index == len(items) - 1 or time.perf_counter() - last_submit > SUBMIT_EVERY_S:
+                    new = plan.requests[submitted:]  # captures keep requests in first-seen order
+                    submitted += len(new)
+                    tickets = family.submit(new, priority)
+                    queued += len(tickets)
+                    self.tickets.extend(tickets)
+                    last_submit = time.perf_counter()
         self.variants[priority] += len(plan)
         self._stats.emit("planned", family=family.name, priority=priority.name, launches=len(items),
-                         variants=len(plan), queued=len(tickets), seconds=time.perf_counter() - t0)
+                         variants=len(plan), queued=queued, seconds=time.perf_counter() - t0)

@@ -47,12 +47,17 @@ class Session:
         return self
 
     # -- lifecycle for engines ---------------------------------------------------------------------------
-    def plan_model(self, model, limits: EngineLimits, providers) -> PlanningRun:
+    def plan_model(self, model, limits: EngineLimits, providers=None) -> PlanningRun:
         """Start planning ``model`` within ``limits`` in the background and return at once.
 
         Call it at model construction (the model may still be on the meta device): captures and builds
-        overlap weight loading. ``providers`` are Provider instances.
+        overlap weight loading. ``providers`` are Provider instances; by default the built-in providers of
+        every installed library (jit_ahead.providers.builtin).
         """
+        if providers is None:
+            from ..providers.builtin import builtin_providers  # imports no kernel library itself
+
+            providers = builtin_providers()
         run = PlanningRun(self.families, self.stats, model, limits, list(providers)).start()
         self._planning.append(run)
         return run

@@ -35,3 +35,9 @@ class Provider(ABC):
     @abstractmethod
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         """Every launch the layers can make within ``limits``; duplicates are fine (deduplicated later)."""
+
+
+def warmup_token_counts(limits: EngineLimits) -> set[int]:
+    """Token counts an engine's warmup runs: its CUDA-graph batch sizes (decode) and a full
+    ``max_num_tokens`` forward (profiling run). Launches at these are planned WARMUP."""
+    return {*limits.cuda_graph_batch_sizes, limits.max_num_tokens}

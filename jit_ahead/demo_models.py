@@ -1,0 +1,71 @@
+"""Small third-party models for the demo, the tests and the GPU scripts: a Qwen3-style transformers model
+patched with Liger-Kernel and a flash-linear-attention GatedDeltaNet model (random weights, no downloads),
+and the serving step they all use (prefill a batch, then decode with the model's cache)."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def liger_qwen3(device="meta", dtype=torch.bfloat16, layers: int = 2):
+    """Qwen3ForCausalLM with Liger's RMSNorm (incl. q_norm/k_norm), RoPE and SwiGLU."""
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True)
+    config = Qwen3Config(hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=4096,
+                         max_position_embeddings=8192)
+    with torch.device(device):
+        return Qwen3ForCausalLM(config).to(dtype).eval()
+
+
+def fla_gated_deltanet(device="meta", dtype=torch.bfloat16, layers: int = 2):
+    """fla's GatedDeltaNetForCausalLM: short convolutions, gated RMSNorm, chunk and fused-recurrent."""
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    config = GatedDeltaNetConfig(hidden_size=512, num_hidden_layers=layers, num_heads=4, head_dim=64,
+                                 vocab_size=4096)
+    with torch.device(device):
+        return GatedDeltaNetForCausalLM(config).to(dtype).eval()
+
+
+def new_cache(model):
+    if type(model).__module__.startswith("fla."):
+        from fla.models.utils import Cache
+
+        return Cache()
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+@torch.no_grad()
+def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_ids: bool = False,
+          seed: int = 0) -> torch.Tensor:
+    """One request batch as a server runs it: prefill ``batch`` prompts of ``prompt`` tokens, then decode
+    ``new_tokens`` greedily with the cache. ``position_ids=True`` passes them as ``generate`` does."""
+    from .providers.meta import MetaScalars
+
+    vocab = model.config.vocab_size
+    if device == "meta":
+        ids = torch.empty(batch, prompt, dtype=torch.long, device="meta")
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (batch, prompt), generator=generator).to(device)
+    cache = new_cache(model)
+    # on meta, transformers' mask code reads ``(mask == 0).all()`` back: MetaScalars answers it
+    with MetaScalars() if device == "meta" else contextlib.nullcontext():
+        tokens = []
+        step, start = ids, 0
+        for _ in range(new_tokens + 1):
+            kwargs = {}
+            if position_ids:
+                kwargs["position_ids"] = torch.arange(start, start + step.shape[1], device=device).expand(batch, -1)
+            out = model(input_ids=step, past_key_values=cache, use_cache=True, **kwargs)
+            cache = out.past_key_values
+            start += step.shape[1]
+            step = out.logits[:, -1:].argmax(-1)
+            tokens.append(step)
+        return torch.cat(tokens, dim=1)

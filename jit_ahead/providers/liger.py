@@ -1,0 +1,221 @@
+"""Liger-Kernel as patched into transformers models (``apply_liger_kernel_to_*``).
+
+How the reachable space is found:
+- One probe forward of the model on meta tensors (one sequence of ``PROBE_TOKENS`` tokens) records, for
+  each Liger layer, the shape and dtype of what it receives, and each call of Liger's RoPE. This is how a
+  q_norm/k_norm RMSNorm is known to see ``tokens x heads`` rows, without knowing the architecture.
+- Row-wise layers (RMSNorm incl. its block variant past 32768 rows, LayerNorm, SwiGLU, GeGLU) view their
+  input as ``(rows, hidden)``: a batch of ``B`` sequences of ``S`` tokens launches exactly what one
+  sequence of ``B*S`` tokens launches, so every token count 1..max(max_num_tokens, max_batch_size) is
+  enumerated once, through the layer's own forward.
+- RoPE has the batch size and head counts as constexpr and the sequence length as a specialized int:
+  every batch size with every sequence length it can have within the limits, prefill and decode, with
+  cos/sin shared across the batch (no position ids) or batched (position ids, as ``generate`` passes).
+- Cross entropy and fused linear cross entropy run in training only; with ``extra["liger_losses"]`` they
+  are planned through transformers' loss function (CE) and Liger's causal LM loss (FLCE). Both read the
+  number of non-ignored labels with ``.item()``, which becomes an int kernel argument: the launcher runs
+  under ``MetaScalars`` once per integer specialization class of that count.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..core.limits import EngineLimits
+from ..core.priority import Priority
+from .base import PlannedLaunch, Provider, warmup_token_counts
+from .meta import MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings, probe
+
+log = logging.getLogger("jit_ahead.providers.liger")
+
+ROW_WISE = ("LigerRMSNorm", "LigerLayerNorm", "LigerSwiGLUMLP", "LigerGEGLUMLP")
+
+
+def _row_wise_classes() -> tuple[type, ...]:
+    import liger_kernel.transformers as lt
+
+    return tuple(getattr(lt, name) for name in ROW_WISE if hasattr(lt, name))
+
+
+@dataclass(frozen=True)
+class RowWiseSite:
+    """A row-wise Liger layer and the call it gets (its input is ``(tokens, heads, head_dim)`` for q_norm)."""
+
+    caller: MetaCaller
+    call: ProbedCall
+    label: str
+
+
+@dataclass(frozen=True)
+class RopeSite:
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_width: int  # last dim of cos/sin
+    q_seq_major: bool  # q arrives as a (B, S, H, D) tensor transposed to (B, H, S, D), as transformers does
+    dtype: torch.dtype
+    cos_dtype: torch.dtype
+    unsqueeze_dim: int
+
+
+@dataclass(frozen=True)
+class LossSite:
+    kind: str  # "cross_entropy" (over logits) or "fused_linear_cross_entropy" (over hidden states)
+    hidden: int
+    vocab: int
+    dtype: torch.dtype
+    lm_head: MetaCaller
+
+
+@contextlib.contextmanager
+def _recording_rope(calls: list) -> Iterator[None]:
+    import liger_kernel.ops.rope as rope_ops
+
+    original = rope_ops.rope_forward
+
+    def recording(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rotary_dim=None):
+        calls.append(RopeSite(q_heads=q.shape[1], kv_heads=k.shape[1], head_dim=q.shape[-1],
+                              rotary_width=cos.shape[-1], q_seq_major=q.transpose(1, 2).is_contiguous(),
+                              dtype=q.dtype, cos_dtype=cos.dtype, unsqueeze_dim=unsqueeze_dim))
+        return original(q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim)
+
+    rope_ops.rope_forward = recording
+    try:
+        yield
+    finally:
+        rope_ops.rope_forward = original
+
+
+def _uses_liger_loss(model) -> bool:
+    forward = getattr(type(model), "forward", None)
+    bound = getattr(model, "forward", None)
+    return any(getattr(f, "__module__", "").startswith("liger_kernel.")
+               for f in (forward, getattr(bound, "__func__", None)))
+
+
+def _liger_cross_entropy_patched() -> bool:
+    """``apply_liger_kernel_to_*(cross_entropy=True)`` swaps transformers' loss cross entropy."""
+    try:
+        from transformers.loss.loss_utils import nn
+    except ImportError:
+        return False
+    return getattr(nn.functional.cross_entropy, "__module__", "").startswith("liger_kernel.")
+
+
+class LigerProvider(Provider):
+    name = "liger-kernel"
+    library = "liger_kernel"
+
+    def find_layers(self, model) -> list:
+        classes = _row_wise_classes()
+        layers = [(name, m) for name, m in model.named_modules() if isinstance(m, classes)]
+        if not layers and not _uses_liger_loss(model):
+            return []
+        rope_calls: list[RopeSite] = []
+        try:
+            seen = probe(model, [m for _, m in layers], _recording_rope(rope_calls))
+        except Exception as exc:
+            log.warning("liger-kernel: probe forward of %s on meta failed (%s: %s); its layers are not "
+                        "planned", type(model).__name__, type(exc).__name__, exc)
+            return []
+        distinct: dict[tuple, RowWiseSite] = {}
+        for name, module in layers:
+            for call in seen.get(id(module), []):
+                if not call.follows_tokens:
+                    log.warning("liger-kernel: %s got no input with a token dimension in the probe; "
+                                "not planned", name)
+                    continue
+                signature = (layer_settings(module), call)
+                if signature not in distinct:  # the layers of a stack launch the same variants: plan one
+                    distinct[signature] = RowWiseSite(MetaCaller(module), call, name)
+        sites: list = list(distinct.values())
+        sites.extend(dict.fromkeys(rope_calls))  # one site per distinct RoPE layout
+        lm_head = getattr(model, "lm_head", None)
+        config = getattr(model, "config", None)
+        if isinstance(lm_head, torch.nn.Linear) and config is not None:
+            dtype = lm_head.weight.dtype
+            hidden, vocab = lm_head.in_features, lm_head.out_features
+            kind = ("fused_linear_cross_entropy" if _uses_liger_loss(model)
+                    else "cross_entropy" if _liger_cross_entropy_patched() else None)
+            if kind:
+                sites.append(LossSite(kind, hidden, vocab, dtype, MetaCaller(lm_head)))
+        return sites
+
+    def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
+        warm = warmup_token_counts(limits)
+        for site in layers:
+            if isinstance(site, RowWiseSite):
+                yield from _row_wise(site, limits, warm)
+            elif isinstance(site, RopeSite):
+                yield from _rope(site, limits)
+            elif isinstance(site, LossSite) and limits.extra.get("liger_losses"):
+                yield from _losses(site, limits)
+
+
+def _row_wise(site: RowWiseSite, limits: EngineLimits, warm: set[int]) -> Iterator[PlannedLaunch]:
+    @torch.no_grad()
+    def run(tokens: int) -> None:
+        args, kwargs = site.call.at(1, tokens)
+        site.caller(*args, **kwargs)
+
+    for tokens in range(1, max(limits.max_num_tokens, limits.max_batch_size) + 1):
+        yield PlannedLaunch(Priority.WARMUP if tokens in warm else Priority.BACKGROUND,
+                            lambda t=tokens: run(t), f"{site.label} tokens={tokens}")
+
+
+def rope_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
+    """(batch, sequence length) pairs a forward can pass to RoPE: decode (S=1) up to max_batch_size,
+    prefill up to max_num_tokens tokens in all and max_seq_len per sequence."""
+    for batch in range(1, limits.max_batch_size + 1):
+        longest = max(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
+        for seq in range(1, longest + 1):
+            yield batch, seq
+
+
+def _rope(site: RopeSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    graphs = set(limits.cuda_graph_batch_sizes)
+
+    @torch.no_grad()
+    def run(batch: int, seq: int, cos_batch: int) -> None:
+        if site.q_seq_major:
+            q = torch.empty(batch, seq, site.q_heads, site.head_dim, dtype=site.dtype, device="meta").transpose(1, 2)
+            k = torch.empty(batch, seq, site.kv_heads, site.head_dim, dtype=site.dtype, device="meta").transpose(1, 2)
+        else:
+            q = torch.empty(batch, site.q_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
+            k = torch.empty(batch, site.kv_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
+        cos = torch.empty(cos_batch, seq, site.rotary_width, dtype=site.cos_dtype, device="meta")
+        liger_rotary_pos_emb(q, k, cos, cos, None, site.unsqueeze_dim)
+
+    for batch, seq in rope_shapes(limits):
+        first = (seq == 1 and batch in graphs) or (batch == 1 and seq == min(limits.max_seq_len, limits.max_num_tokens))
+        for cos_batch in sorted({1, batch}):
+            yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
+                                lambda b=batch, s=seq, c=cos_batch: run(b, s, c),
+                                f"rope B={batch} S={seq} cos_batch={cos_batch}")
+
+
+def _losses(site: LossSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from liger_kernel.transformers.model.loss_utils import LigerForCausalLMLoss
+
+    def run(tokens: int, labelled: int) -> None:
+        labels = torch.empty(1, tokens, dtype=torch.long, device="meta")
+        with MetaScalars(labelled):
+            if site.kind == "fused_linear_cross_entropy":
+                hidden = torch.empty(1, tokens, site.hidden, dtype=site.dtype, device="meta", requires_grad=True)
+                LigerForCausalLMLoss(hidden, site.lm_head.tensor("weight"), labels, site.hidden)
+            else:
+                logits = torch.empty(1, tokens, site.vocab, dtype=site.dtype, device="meta", requires_grad=True)
+                ForCausalLMLoss(logits, labels, site.vocab)
+
+    for tokens in range(1, limits.max_num_tokens + 1):
+        for labelled in int_class_representatives(tokens):
+            yield PlannedLaunch(Priority.BACKGROUND, lambda t=tokens, n=labelled: run(t, n),
+                                f"{site.kind} tokens={tokens} labelled={labelled}")

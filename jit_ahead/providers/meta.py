@@ -1,0 +1,197 @@
+"""Running model code on meta tensors for planning.
+
+Two things stand between a library's launcher and a meta tensor:
+- the model may hold real weights (on a GPU, where a launch would really run): ``meta_call`` runs a
+  module with meta stand-ins for its parameters and buffers, leaving the module itself untouched;
+- launchers read a few values back to the host (``.item()``, ``assert (t < n).all()``): meta tensors have
+  no values, so ``MetaScalars`` answers those reads with a value the provider picks (booleans read as
+  true, so sanity asserts pass). A provider enumerates the values that change a compiled variant, e.g.
+  one per integer specialization class of a count that reaches a kernel argument.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def meta_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Meta stand-ins for every parameter and buffer of ``module`` (same dtype, shape and strides)."""
+    state = {}
+    for name, tensor in [*module.named_parameters(remove_duplicate=False),
+                         *module.named_buffers(remove_duplicate=False)]:
+        if tensor.is_meta:
+            state[name] = tensor
+        else:
+            meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+            state[name] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(
+                tensor, torch.nn.Parameter) else meta
+    return state
+
+
+def on_meta(module: torch.nn.Module) -> bool:
+    return all(t.is_meta for t in [*module.parameters(), *module.buffers()])
+
+
+class MetaCaller:
+    """Calls one module on meta inputs; free when the module is already on meta.
+
+    ``inference=True`` calls it as a server does, with ``training`` off for the call (a model is often
+    still in training mode at construction; layers such as fla's pick their kernels by that flag)."""
+
+    def __init__(self, module: torch.nn.Module, inference: bool = False) -> None:
+        self.module = module
+        self.inference = inference
+        self._state = None if on_meta(module) else meta_state(module)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The meta stand-in of one parameter or buffer (``"weight"``)."""
+        return self.module.get_parameter(name) if self._state is None else self._state[name]
+
+    def __call__(self, *args, **kwargs):
+        with _eval_mode(self.module) if self.inference else contextlib.nullcontext():
+            if self._state is None:
+                return self.module(*args, **kwargs)
+            return torch.func.functional_call(self.module, self._state, args, kwargs, strict=False)
+
+
+@contextlib.contextmanager
+def _eval_mode(module: torch.nn.Module):
+    training = [(m, m.training) for m in module.modules() if m.training]
+    for m, _ in training:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m, flag in training:
+            m.training = flag
+
+
+class MetaScalars(TorchDispatchMode):
+    """Answers host reads of meta tensors: integers and floats read as ``value``, booleans as True."""
+
+    def __init__(self, value: int = 1) -> None:
+        super().__init__()
+        self.value = value
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
+            self.reads += 1
+            tensor = args[0]
+            if tensor.dtype == torch.bool:
+                return True
+            return float(self.value) if tensor.dtype.is_floating_point else int(self.value)
+        return func(*args, **(kwargs or {}))
+
+
+def int_class_representatives(upper: int) -> tuple[int, ...]:
+    """One value per Triton integer specialization class (equal to 1, divisible by 16, neither) among
+    0..upper: enough to reach every variant a host-read count can cause when it is passed as an int."""
+    return tuple(v for v in (0, 1, 2) if v <= upper)
+
+
+def layer_settings(module: torch.nn.Module, ignore: tuple[str, ...] = ("layer_idx",)) -> tuple:
+    """What can change a layer's launches besides its input: the plain attributes of it and its
+    submodules (sizes, eps, modes, backends...) and the dtypes of its weights. Layers of a stack that
+    agree on these launch the same variants, so one of them is planned. ``ignore`` names position
+    attributes that differ per layer without changing any launch."""
+    plain = (bool, int, float, str, type(None))
+    attributes = tuple((name, key, value) for name, sub in module.named_modules()
+                       for key, value in sorted(vars(sub).items())
+                       if not key.startswith("_") and key not in ignore and isinstance(value, plain))
+    return type(module), attributes, tuple(str(p.dtype) for p in module.parameters())
+
+
+# -- probing: what each layer receives in one forward, as templates over (batch, tokens) ------------------
+PROBE_TOKENS = 11  # a prime: a leading dimension equal to it is the token dimension
+
+
+@dataclass(frozen=True)
+class TensorTemplate:
+    """A probed tensor argument: ``layout`` "batched" for (batch, tokens, *rest), "packed" for
+    (tokens, *rest), "fixed" for anything else (kept as probed)."""
+
+    layout: str
+    rest: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "TensorTemplate":
+        shape = tuple(tensor.shape)
+        if len(shape) >= 2 and shape[:2] == (1, PROBE_TOKENS):
+            return cls("batched", shape[2:], tensor.dtype, tensor.requires_grad)
+        if len(shape) >= 1 and shape[0] == PROBE_TOKENS:
+            return cls("packed", shape[1:], tensor.dtype, tensor.requires_grad)
+        return cls("fixed", shape, tensor.dtype, tensor.requires_grad)
+
+    def make(self, batch: int, tokens: int) -> torch.Tensor:
+        lead = {"batched": (batch, tokens), "packed": (batch * tokens,), "fixed": ()}[self.layout]
+        return torch.empty(lead + self.rest, dtype=self.dtype, device="meta", requires_grad=self.requires_grad)
+
+
+@dataclass(frozen=True)
+class ProbedCall:
+    """The arguments one layer got in the probe, with tensors as templates; ``at(batch, tokens)`` makes
+    the same call for another shape."""
+
+    args: tuple
+    kwargs: tuple
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict) -> "ProbedCall":
+        def template(value):
+            if isinstance(value, torch.Tensor):
+                return TensorTemplate.of(value)
+            return tuple(map(template, value)) if isinstance(value, (tuple, list)) else value
+
+        return cls(tuple(map(template, args)), tuple((k, template(v)) for k, v in sorted(kwargs.items())))
+
+    @property
+    def tensors(self) -> list[TensorTemplate]:
+        def flat(values):
+            for v in values:
+                yield from flat(v) if isinstance(v, tuple) else (v,)
+
+        return [v for v in flat((*self.args, *(v for _, v in self.kwargs))) if isinstance(v, TensorTemplate)]
+
+    @property
+    def follows_tokens(self) -> bool:
+        return any(t.layout != "fixed" for t in self.tensors)
+
+    def at(self, batch: int, tokens: int) -> tuple[tuple, dict]:
+        def value(v):
+            if isinstance(v, TensorTemplate):
+                return v.make(batch, tokens)
+            return tuple(map(value, v)) if isinstance(v, tuple) else v
+
+        return tuple(map(value, self.args)), {k: value(v) for k, v in self.kwargs}
+
+
+def probe(model: torch.nn.Module, layers: list[torch.nn.Module],
+          context: contextlib.AbstractContextManager | None = None) -> dict[int, list[ProbedCall]]:
+    """The distinct calls each of ``layers`` gets in one meta forward of ``model`` on one sequence of
+    PROBE_TOKENS tokens (``id(layer)`` -> calls). Kernel launches in it are captured and dropped."""
+    from ..triton import capture
+
+    seen: dict[int, list[ProbedCall]] = {}
+
+    def record(module, args, kwargs):
+        calls = seen.setdefault(id(module), [])
+        call = ProbedCall.of(args, kwargs)
+        if call not in calls:
+            calls.append(call)
+
+    handles = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
+    try:
+        input_ids = torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device="meta")
+        # MetaScalars: transformers' mask code asks ``(mask == 0).all()``; it reads as true on meta
+        with capture(), torch.no_grad(), context or contextlib.nullcontext(), MetaScalars():
+            MetaCaller(model, inference=True)(input_ids=input_ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen

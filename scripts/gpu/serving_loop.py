@@ -1,0 +1,175 @@
+"""A serving-like loop on the GPU: cold start with jit_ahead against warm and cold starts without it.
+
+For each model (a small Qwen3-style transformers model patched with Liger-Kernel; a small fla
+GatedDeltaNet model; random weights, no downloads), three arms, each a fresh process:
+  cold        empty Triton cache, no jit_ahead          (what users suffer today)
+  warm        the cache the cold arm left, no jit_ahead (the lower bound)
+  cold-jit    empty Triton cache, jit_ahead: the model is planned at construction within the limits,
+              built by CPU-only helpers; the server waits for WARMUP variants, warms up, serves
+Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch sizes, one full prefill),
+mark serving, then REQUESTS random requests (batch size, prompt length within the limits; prefill plus
+NEW_TOKENS decode steps). Triton's compilation listener counts compile() calls with cache_hit False
+(executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out.
+
+    python scripts/gpu/serving_loop.py --out docs/gpu
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+T_START = time.perf_counter()
+
+LIMITS = {"qwen3-liger": dict(max_num_tokens=1024, max_batch_size=8, max_seq_len=512, cuda_graph_batch_sizes=(1, 2, 4, 8)),
+          "gated-deltanet": dict(max_num_tokens=512, max_batch_size=4, max_seq_len=256, cuda_graph_batch_sizes=(1, 2, 4))}
+REQUESTS = 40
+NEW_TOKENS = 4
+
+
+def requests(limits, seed: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(REQUESTS):
+        batch = rng.randint(1, limits.max_batch_size)
+        out.append((batch, rng.randint(1, min(limits.max_seq_len, limits.max_num_tokens // batch))))
+    return out
+
+
+def run_arm(model_name: str, arm: str) -> dict:
+    import torch
+    from triton import knobs
+
+    from jit_ahead import demo_models
+    from jit_ahead.core.limits import EngineLimits
+
+    limits = EngineLimits(**LIMITS[model_name])
+    compiles = {"warmup": [], "serving": []}
+    phase = ["warmup"]
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit, **kwargs):
+        if not cache_hit:
+            compiles[phase[0]].append(getattr(src, "name", "?"))
+
+    knobs.compilation.listener = listener
+    session = None
+    if arm == "cold-jit":
+        from jit_ahead.core.session import Session
+
+        session = Session().start()
+    make = demo_models.liger_qwen3 if model_name == "qwen3-liger" else demo_models.fla_gated_deltanet
+    torch.manual_seed(0)
+    model = make(device="cuda")
+    t_model = time.perf_counter() - T_START
+    if session is not None:
+        run = session.plan_model(model, limits)
+        session.wait_ready(timeout=600)
+    t_ready = time.perf_counter() - T_START
+    for batch in limits.cuda_graph_batch_sizes:  # what an engine's warmup runs: graph sizes, one full prefill
+        demo_models.serve(model, batch, 1, 1, device="cuda")
+    demo_models.serve(model, 1, limits.max_seq_len, 1, device="cuda")
+    torch.cuda.synchronize()
+    t_warm = time.perf_counter() - T_START
+    phase[0] = "serving"
+    if session is not None:
+        session.mark_serving()
+    latencies = []
+    for i, (batch, prompt) in enumerate(requests(limits, seed=1)):
+        t0 = time.perf_counter()
+        demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i)
+        torch.cuda.synchronize()
+        latencies.append(time.perf_counter() - t0)
+    t_end = time.perf_counter() - T_START
+    result = {"model": model_name, "arm": arm, "model_built_s": t_model, "ready_s": t_ready,
+              "warmup_end_s": t_warm, "end_s": t_end, "worst_request_s": max(latencies),
+              "median_request_s": sorted(latencies)[len(latencies) // 2],
+              "executor_compiles_warmup": len(compiles["warmup"]),
+              "executor_compiles_serving": len(compiles["serving"]),
+              "serving_compiled_kernels": sorted(set(compiles["serving"]))}
+    if session is not None:
+        tickets = run.tickets
+        result.update(planned_variants=sum(run.variants.values()), planning_s=run.seconds,
+                      queued=len(tickets), built=sum(1 for t in tickets if t.result and t.result.ok),
+                      helpers=session.triton.pool.workers, planning_errors=run.errors)
+        session.close()
+    return result
+
+
+def versions() -> dict:
+    import torch
+    import triton
+    import transformers
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
+           "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name(0),
+           "cpus": len(os.sched_getaffinity(0))}
+    for dist in ("liger-kernel", "flash-linear-attention", "fla-core"):
+        try:
+            from importlib.metadata import version
+            out[dist] = version(dist)
+        except Exception:
+            out[dist] = None
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="docs/gpu")
+    parser.add_argument("--models", default="qwen3-liger,gated-deltanet")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:  # one arm, in this fresh process
+        print("ARM " + json.dumps(run_arm(args.model, args.arm)), flush=True)
+        return 0
+    results = []
+    for model in args.models.split(","):
+        with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as with_jit:
+            for arm, cache in (("cold", plain), ("warm", plain), ("cold-jit", with_jit)):
+                env = dict(os.environ, TRITON_CACHE_DIR=cache)
+                t0 = time.perf_counter()
+                proc = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", model],
+                                      env=env, capture_output=True, text=True, timeout=590)
+                wall = time.perf_counter() - t0
+                line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
+                if line is None:
+                    print(proc.stderr[-3000:], file=sys.stderr)
+                    results.append({"model": model, "arm": arm, "error": proc.stderr[-500:]})
+                    continue
+                result = json.loads(line[4:])
+                result["process_wall_s"] = wall
+                results.append(result)
+                print(json.dumps(result), flush=True)
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": versions(), "limits": LIMITS, "requests": REQUESTS, "new_tokens": NEW_TOKENS,
+              "results": results}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "serving_loop.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    lines = [f"# Serving loop, cold with jit_ahead vs warm and cold without ({report['date']})", "",
+             "`python scripts/gpu/serving_loop.py --out docs/gpu`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+             f"; {REQUESTS} random requests (prefill + {NEW_TOKENS} decode steps) after warmup.", "",
+             "| model | arm | process wall s | warmup end s | end s | executor compiles warmup / serving | worst request s | cold-jit / warm (end) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['arm']} | failed | | | | | |")
+            continue
+        warm = next((w for w in results if w["model"] == r["model"] and w["arm"] == "warm" and "error" not in w), None)
+        ratio = f"{r['end_s'] / warm['end_s']:.2f}" if warm and r["arm"] == "cold-jit" else ""
+        lines.append(f"| {r['model']} | {r['arm']} | {r['process_wall_s']:.1f} | {r['warmup_end_s']:.1f} | {r['end_s']:.1f} | "
+                     f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | {r['worst_request_s']:.2f} | {ratio} |")
+    with open(os.path.join(args.out, "serving_loop.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Built-in providers: what they plan covers what real calls of the model produce, shape by shape."""
+import random
+
+import torch
+
+from jit_ahead import demo_models
+from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.priority import Priority
+from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
+from jit_ahead.providers.liger import LigerProvider
+from jit_ahead.providers.meta import MetaScalars, int_class_representatives
+from jit_ahead.triton import capture, plan_launch
+from jit_ahead.triton.spec import on_disk
+
+from .conftest import wait_all
+from .kernels import basic as k
+
+LIMITS = EngineLimits(max_num_tokens=160, max_batch_size=3, max_seq_len=128, cuda_graph_batch_sizes=(1, 2))
+
+
+def planned_keys(provider, model, limits):
+    sites = provider.find_layers(model)
+    assert sites, f"{provider.name} found nothing to plan in {type(model).__name__}"
+    with capture() as plan:
+        for launch in provider.launches(sites, limits):
+            launch.run()
+    return plan
+
+
+def misses(planned, shapes, run):
+    """Real calls at each shape, in capture mode; every request not planned, with the shape that made it."""
+    keys = {r.predicted_hash for r in planned.requests}
+    found = []
+    for shape in shapes:
+        with capture() as real:
+            run(*shape)
+        assert len(real) > 0
+        found += [(shape, r.name) for r in real.requests if r.predicted_hash not in keys]
+    return found
+
+
+def serving_shapes(limits, count, seed):
+    """Random (batch, prompt length, position ids?) within the limits, with short and long prompts."""
+    rng = random.Random(seed)
+    shapes = []
+    for i in range(count):
+        batch = rng.randint(1, limits.max_batch_size)
+        longest = min(limits.max_seq_len, limits.max_num_tokens // batch)
+        prompt = rng.randint(65, longest) if i % 2 and longest > 64 else rng.randint(1, min(64, longest))
+        shapes.append((batch, prompt, bool(rng.getrandbits(1))))
+    return shapes
+
+
+def test_liger_qwen3_plan_covers_random_prefill_and_decode():
+    model = demo_models.liger_qwen3()
+    planned = planned_keys(LigerProvider(), model, LIMITS)
+    names = {r.name for r in planned.requests}
+    assert {"_rms_norm_forward_kernel", "_swiglu_forward_kernel", "_triton_rope"} <= names
+    # RoPE: batch size is constexpr, so every batch size has its own variants
+    assert len([r for r in planned.requests if r.name == "_triton_rope"]) >= LIMITS.max_batch_size * 2
+    shapes = serving_shapes(LIMITS, 8, seed=3)
+    assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(
+        model, b, s, 2, device="meta", position_ids=pos)) == []
+
+
+def test_liger_plans_the_block_rms_norm_for_large_row_counts():
+    # q_norm sees tokens x heads rows (8 heads here): past 32768 rows Liger switches kernels
+    model = demo_models.liger_qwen3(layers=1)
+    limits = EngineLimits(max_num_tokens=4200, max_batch_size=1, max_seq_len=4200)
+    planned = planned_keys(LigerProvider(), model, limits)
+    assert "_block_rms_norm_forward_kernel" in {r.name for r in planned.requests}
+    assert misses(planned, [(1, 4100), (1, 4097)], lambda b, s: demo_models.serve(model, b, s, 0, device="meta")) == []
+
+
+def test_item_reads_are_planned_once_per_integer_specialization_class():
+    # parity with Triton: the classes of an int argument over 0..40 are the classes of the representatives
+    x = torch.empty(64, device="meta", dtype=torch.float32)
+
+    def variants(values):
+        return {r.predicted_hash for n in values for r in plan_launch(k.add_kernel, x, x, x, n, BLOCK=64)}
+
+    assert variants(range(41)) == variants(int_class_representatives(40))
+
+
+def test_liger_losses_cover_training_steps_with_random_label_masks():
+    model = demo_models.liger_qwen3(layers=1).train()
+    limits = EngineLimits(max_num_tokens=40, max_batch_size=1, max_seq_len=40, extra={"liger_losses": True})
+    planned = planned_keys(LigerProvider(), model, limits)
+    assert "liger_cross_entropy_kernel" in {r.name for r in planned.requests}
+    rng = random.Random(5)
+
+    def train_step(tokens, ignored):
+        labels = torch.randint(0, 100, (1, tokens))
+        labels[:, :ignored] = -100
+        counted = int((torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:] != -100).sum())
+        with MetaScalars(counted):  # the real count, answered to the launcher's .item()
+            model(input_ids=torch.empty(1, tokens, dtype=torch.long, device="meta"),
+                  labels=labels.to("meta"))
+
+    shapes = [(t, rng.randint(0, t)) for t in (1, 16, 17, 33, 40)]
+    assert misses(planned, shapes, train_step) == []
+
+
+def test_fla_gated_deltanet_plan_covers_random_prefill_and_decode():
+    model = demo_models.fla_gated_deltanet()
+    planned = planned_keys(FlaGatedDeltaNetProvider(), model, LIMITS)
+    names = {r.name for r in planned.requests}
+    for kernel in ("causal_conv1d_fwd_kernel", "causal_conv1d_update_kernel", "l2norm_fwd_kernel",
+                   "layer_norm_gated_fwd_kernel", "chunk_fwd_kernel_o", "fused_recurrent_gated_delta_rule_fwd_kernel",
+                   "layer_norm_fwd_kernel", "swiglu_fwd_kernel"):
+        assert kernel in names
+    shapes = serving_shapes(LIMITS, 6, seed=7)
+    assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(model, b, s, 2, device="meta")) == []
+
+
+def test_plan_model_with_builtin_providers_builds_warmup_first(session_factory):
+    session = session_factory(workers=1)
+    limits = EngineLimits(max_num_tokens=64, max_batch_size=2, max_seq_len=64, cuda_graph_batch_sizes=(1, 2))
+    run = session.plan_model(demo_models.liger_qwen3(), limits)  # providers=None: the built-in ones
+    assert session.wait_ready(timeout=600)
+    assert run.errors == [] and run.variants[Priority.WARMUP] > 0
+    warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
+    assert warm and all(r.ok for r in wait_all(warm))
+    for ticket in warm:
+        assert on_disk(ticket.request.key, ticket.request.payload.name)
