@@ -79,7 +79,8 @@ class Capture:
     ``launches`` counts distinct in-memory variants seen (repeats hit the capture's private cache).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, target: GPUTarget) -> None:
+        self.target = target  # what the capture's private device index stands for
         self._lock = threading.Lock()
         self._requests: dict[str, TritonCompileRequest] = {}
         self._env = cache_invalidating_env()
@@ -139,9 +140,10 @@ def _capturing_autotuner_run(self, *args, **kwargs):
 def _redirect_driver(driver) -> dict:
     """In a capture, launch on the capture's private device (and stream 0); returns what to restore."""
     saved = {name: (name in vars(driver), getattr(driver, name))
-             for name in ("get_current_device", "get_current_stream")}
+             for name in ("get_current_device", "get_current_stream", "get_current_target")}
     original_device = saved["get_current_device"][1]
     original_stream = saved["get_current_stream"][1]
+    original_target = saved["get_current_target"][1]
 
     def get_current_device():
         plan = hook.capturing.get()
@@ -150,8 +152,14 @@ def _redirect_driver(driver) -> dict:
     def get_current_stream(*args):
         return original_stream(*args) if hook.capturing.get() is None else 0
 
+    def get_current_target():
+        # a real driver would look the private index up on the GPU (torch: "Invalid device id")
+        plan = hook.capturing.get()
+        return original_target() if plan is None else plan.target
+
     driver.get_current_device = get_current_device
     driver.get_current_stream = get_current_stream
+    driver.get_current_target = get_current_target
     return saved
 
 
@@ -195,9 +203,9 @@ def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
     While any capture is active, the driver's device and stream queries go through a ContextVar check
     (well under a microsecond per launch): launches outside capturing contexts are otherwise untouched.
     """
-    ensure_driver(target)
+    target = ensure_driver(target)
     hook.install()
-    plan = Capture()
+    plan = Capture(target)
     t0 = time.perf_counter()
     with _capture_patches():
         token = hook.capturing.set(plan)

@@ -61,6 +61,10 @@ class StandInDriver(DriverBase):
         raise NotImplementedError("the stand-in driver builds no host launchers")
 
     def get_current_target(self) -> GPUTarget:
+        # like the CUDA driver, look the current device up: an index no GPU has is an error there too
+        device = self.get_current_device()
+        if device != 0:
+            raise AssertionError(f"Invalid device id {device} (the stand-in shows one GPU)")
         return self.target
 
     def get_current_device(self) -> int:

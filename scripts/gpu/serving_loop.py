@@ -58,6 +58,7 @@ def run_arm(model_name: str, arm: str) -> dict:
             compiles[phase[0]].append(getattr(src, "name", "?"))
 
     knobs.compilation.listener = listener
+    warnings = _collect_warnings()
     session = None
     if arm == "cold-jit":
         from jit_ahead.core.session import Session
@@ -91,7 +92,7 @@ def run_arm(model_name: str, arm: str) -> dict:
               "median_request_s": sorted(latencies)[len(latencies) // 2],
               "executor_compiles_warmup": len(compiles["warmup"]),
               "executor_compiles_serving": len(compiles["serving"]),
-              "serving_compiled_kernels": sorted(set(compiles["serving"]))}
+              "serving_compiled_kernels": sorted(set(compiles["serving"])), "jit_ahead_warnings": warnings}
     if session is not None:
         tickets = run.tickets
         result.update(planned_variants=sum(run.variants.values()), planning_s=run.seconds,
@@ -99,6 +100,21 @@ def run_arm(model_name: str, arm: str) -> dict:
                       helpers=session.triton.pool.workers, planning_errors=run.errors)
         session.close()
     return result
+
+
+def _collect_warnings() -> list[str]:
+    import logging
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(self.format(record)[:400])
+
+    handler = Collect(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logging.getLogger("jit_ahead").addHandler(handler)
+    return lines
 
 
 def versions() -> dict:
@@ -122,6 +138,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="docs/gpu")
     parser.add_argument("--models", default="qwen3-liger,gated-deltanet")
+    parser.add_argument("--arms", default="cold,warm,cold-jit",
+                        help="arms in order; without 'cold', 'warm' runs on the cache cold-jit's helpers left "
+                             "(list cold-jit first then)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -131,7 +150,11 @@ def main() -> int:
     results = []
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as with_jit:
-            for arm, cache in (("cold", plain), ("warm", plain), ("cold-jit", with_jit)):
+            arms = args.arms.split(",")
+            warm_cache = plain if "cold" in arms else with_jit
+            caches = {"cold": plain, "warm": warm_cache, "cold-jit": with_jit}
+            for arm in arms:
+                cache = caches[arm]
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
                 t0 = time.perf_counter()
                 proc = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", model],
@@ -146,6 +169,14 @@ def main() -> int:
                 result["process_wall_s"] = wall
                 results.append(result)
                 print(json.dumps(result), flush=True)
+    previous = {}
+    try:  # results of other models from earlier runs are kept
+        with open(os.path.join(args.out, "serving_loop.json")) as f:
+            previous = json.load(f)
+    except (OSError, ValueError):
+        pass
+    ran = {r["model"] for r in results}
+    results = [r for r in previous.get("results", []) if r["model"] not in ran] + results
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": versions(), "limits": LIMITS, "requests": REQUESTS, "new_tokens": NEW_TOKENS,
               "results": results}
