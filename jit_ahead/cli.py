@@ -4,75 +4,158 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 import time
+
+MODELS = ("qwen3-liger", "gated-deltanet")
+
+
+def _limits(args: argparse.Namespace):
+    from jit_ahead.core.limits import EngineLimits
+
+    graphs = tuple(b for b in (1, 2, 4, 8) if b <= args.max_batch_size)
+    return EngineLimits(max_num_tokens=args.max_num_tokens, max_batch_size=args.max_batch_size,
+                        max_seq_len=args.max_seq_len, cuda_graph_batch_sizes=graphs)
+
+
+def _make_model(name: str, device: str):
+    from jit_ahead import demo_models
+
+    return {"qwen3-liger": demo_models.liger_qwen3, "gated-deltanet": demo_models.fla_gated_deltanet}[name](device=device)
+
+
+def _installed(names: list[str]) -> list[str]:
+    import importlib.util
+
+    needs = {"qwen3-liger": ("liger_kernel", "transformers"), "gated-deltanet": ("fla.layers",)}
+    ok = []
+    for name in names:
+        try:
+            found = all(importlib.util.find_spec(module) for module in needs[name])
+        except ModuleNotFoundError:
+            found = False
+        (ok.append(name) if found else print(f"skipping {name}: its library is not installed", file=sys.stderr))
+    return ok
 
 
 def _demo(args: argparse.Namespace) -> int:
     if args.cache_dir:
         os.environ["TRITON_CACHE_DIR"] = os.path.abspath(args.cache_dir)
-    from jit_ahead import examples
-
-    workloads = examples.by_name(args.workloads.split(",")) if args.workloads else examples.available()
-    if not workloads:
-        print("no workload library is installed: pip install 'jit_ahead[liger,fla]'", file=sys.stderr)
+    names = _installed([n for n in args.models.split(",") if n])
+    if not names:
+        print("no demo model can be built: pip install 'jit_ahead[liger,fla]'", file=sys.stderr)
         return 2
     from triton import knobs
 
+    from jit_ahead.core.priority import Priority
     from jit_ahead.core.session import Session
-    from jit_ahead.triton import capture
-    from jit_ahead.triton.standin import ensure_driver, parse_target
+    from jit_ahead.triton.standin import ensure_driver, parse_target, real_driver_available
 
     target = ensure_driver(parse_target(args.target))  # a real GPU wins over --target
-    examples.import_libraries(workloads)  # after the driver: fla reads the device at import
-    t0 = time.perf_counter()
-    with capture(target) as planned:
-        for workload in workloads:
-            workload.run(*workload.make_inputs("meta", 0))
-    plan_s = time.perf_counter() - t0
-    kernels = sorted({f"{r.module}.{r.qualname}" for r in planned.requests})
-    print(f"planned {len(planned)} variants of {len(kernels)} kernels from {len(workloads)} workloads "
-          f"({planned.launches} captured launches, {plan_s:.2f}s, target {target.backend}:{target.arch})")
+    on_gpu = real_driver_available()
+    limits = _limits(args)
+    print(f"target {target.backend}:{target.arch}{' (this GPU)' if on_gpu else ' (no GPU: stand-in driver)'}; "
+          f"limits: {limits.max_num_tokens} tokens per forward, batch {limits.max_batch_size}, "
+          f"sequence {limits.max_seq_len}, CUDA graphs {list(limits.cuda_graph_batch_sizes)}")
+    session = Session(triton={"workers": args.workers} if args.workers is not None else {}).start()
+    try:
+        t0 = time.perf_counter()
+        runs = {name: session.plan_model(_make_model(name, "meta"), limits) for name in names}
+        session.wait_ready(priority=Priority.BACKGROUND)
+        wall = time.perf_counter() - t0
+        status = _report_builds(runs, session.triton.pool.workers, wall)
+        print(f"cache: {os.path.abspath(knobs.cache.dir)}")
+        if on_gpu and status == 0:
+            status = _serve_on_gpu(session, names, limits, args.requests)
+    finally:
+        session.close()
+    return status
 
-    session = Session(triton={"workers": args.workers} if args.workers is not None else {})
-    t0 = time.perf_counter()
-    with session:
-        workers = session.triton.pool.workers
-        tickets = session.triton.submit(planned)
-        for ticket in tickets:
-            ticket.wait(None)
-    wall = time.perf_counter() - t0
+
+def _report_builds(runs: dict, workers: int, wall: float) -> int:
+    from jit_ahead.core.priority import Priority
+
+    tickets = [t for run in runs.values() for t in run.tickets]
     results = [t.result for t in tickets if t.result is not None]
-    failed = [r for r in results if not r.ok]
-    serial = sum(r.seconds for r in results)
+    failed = [(t, t.result) for t in tickets if t.result is not None and not t.result.ok]
     per_kernel: dict[str, int] = {}
-    for request in planned.requests:
-        name = f"{request.module}.{request.qualname}"
+    for ticket in tickets:
+        payload = ticket.request.payload
+        name = f"{payload.module}.{payload.qualname}"
         per_kernel[name] = per_kernel.get(name, 0) + 1
-    print(f"{'kernel':<90} variants")
-    for name in kernels:
-        print(f"{name:<90} {per_kernel[name]:>8}")
-    already = len(planned) - len(tickets)
-    print(f"built {len(results) - len(failed)} variants in {wall:.1f}s wall with {workers} helpers "
-          f"(nice 19, no GPU); serial compilation would have cost {serial:.1f}s of compile time"
+    planned = sum(sum(run.variants.values()) for run in runs.values())
+    for name, run in runs.items():
+        print(f"{name}: planned {sum(run.variants.values())} variants in {run.seconds:.1f}s "
+              f"(WARMUP {run.variants.get(Priority.WARMUP, 0)})" + "".join(f"; {e}" for e in run.errors))
+    print(f"{'kernel':<96} variants")
+    for name in sorted(per_kernel):
+        print(f"{name:<96} {per_kernel[name]:>8}")
+    serial = sum(r.seconds for r in results)
+    already = planned - len(tickets)
+    print(f"built {len(results) - len(failed)} of {len(tickets)} variants in {wall:.1f}s wall with {workers} "
+          f"helpers (nice 19, no GPU); serial compilation would have cost {serial:.1f}s"
           + (f"; {already} were already on disk" if already else ""))
-    print(f"cache: {os.path.abspath(knobs.cache.dir)}")
-    for result in failed:
-        print(f"FAILED {result.key[:12]}: {result.error.splitlines()[-1]}", file=sys.stderr)
-    return 1 if failed else 0
+    for ticket, result in failed:
+        print(f"FAILED {ticket.request.label}: {(result.error or '').strip().splitlines()[-1:]}", file=sys.stderr)
+    return 1 if failed or len(results) < len(tickets) else 0
+
+
+def _serve_on_gpu(session, names: list[str], limits, requests: int) -> int:
+    """A short serving loop on the GPU: warmup, then random requests; counts executor compiles."""
+    import torch
+    from triton import knobs
+
+    from jit_ahead import demo_models
+
+    compiles = {"warmup": 0, "serving": 0}
+    phase = ["warmup"]
+
+    def listener(*, cache_hit, **kwargs):
+        if not cache_hit:
+            compiles[phase[0]] += 1
+
+    knobs.compilation.listener = listener
+    models = {name: _make_model(name, "cuda") for name in names}
+    for model in models.values():
+        for batch in limits.cuda_graph_batch_sizes:
+            demo_models.serve(model, batch, 1, 1, device="cuda")
+        demo_models.serve(model, 1, min(limits.max_seq_len, limits.max_num_tokens), 1, device="cuda")
+    torch.cuda.synchronize()
+    phase[0] = "serving"
+    session.mark_serving()
+    rng = random.Random(0)
+    worst = 0.0
+    for i in range(requests):
+        model = models[names[i % len(names)]]
+        batch = rng.randint(1, limits.max_batch_size)
+        prompt = rng.randint(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
+        t0 = time.perf_counter()
+        demo_models.serve(model, batch, prompt, 4, device="cuda", seed=i)
+        torch.cuda.synchronize()
+        worst = max(worst, time.perf_counter() - t0)
+    knobs.compilation.listener = None
+    print(f"served {requests} requests on {torch.cuda.get_device_name(0)}: executor compiles in warmup "
+          f"{compiles['warmup']}, after warmup {compiles['serving']}; worst request {worst * 1000:.0f} ms")
+    return 0 if compiles["serving"] == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jit-ahead", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="plan third-party kernels on meta tensors and build them in helpers")
+    demo = sub.add_parser("demo", help="plan small transformers models (Liger-Kernel, fla) within engine limits "
+                                       "and build every variant in helpers")
     demo.add_argument("--target", default=os.environ.get("JIT_AHEAD_TARGET", "cuda:90"),
                       help="GPU target to build for when there is no GPU (default cuda:90)")
     demo.add_argument("--workers", type=int, default=None,
                       help="helpers (default: JIT_AHEAD_TRITON_WORKERS or the CPUs per local rank)")
     demo.add_argument("--cache-dir", default=None, help="Triton cache directory (default: Triton's)")
-    demo.add_argument("--workloads", default="", help="comma-separated workload names (default: all installed)")
+    demo.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    demo.add_argument("--max-num-tokens", type=int, default=256)
+    demo.add_argument("--max-batch-size", type=int, default=4)
+    demo.add_argument("--max-seq-len", type=int, default=256)
+    demo.add_argument("--requests", type=int, default=20, help="requests in the GPU serving loop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

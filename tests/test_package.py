@@ -1,4 +1,5 @@
 """Packaging and the main job."""
+import re
 import subprocess
 import sys
 
@@ -20,11 +21,14 @@ def test_helpers_install_under_their_own_name():
     assert subprocess.run([sys.executable, "-c", "import helpers"], capture_output=True, cwd="/").returncode != 0
 
 
-def test_demo_plans_and_builds_in_helpers(tmp_path):
+def test_demo_plans_a_liger_model_and_builds_everything_in_helpers(tmp_path):
     out = subprocess.run([sys.executable, "-m", "jit_ahead.cli", "demo", "--workers", "1", "--cache-dir",
-                          str(tmp_path), "--workloads", "liger.rms_norm,liger.swiglu"],
-                         capture_output=True, text=True, cwd=REPO, timeout=600)
+                          str(tmp_path), "--models", "qwen3-liger", "--max-num-tokens", "24", "--max-batch-size",
+                          "2", "--max-seq-len", "24"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "planned 2 variants of 2 kernels from 2 workloads" in out.stdout
-    assert "built 2 variants" in out.stdout and f"cache: {tmp_path}" in out.stdout
-    assert len(list(tmp_path.glob("*/__grp__*.json"))) == 2
+    planned = re.search(r"qwen3-liger: planned (\d+) variants", out.stdout)
+    assert planned and int(planned.group(1)) > 0, out.stdout
+    count = int(planned.group(1))
+    assert f"built {count} of {count} variants" in out.stdout and f"cache: {tmp_path}" in out.stdout
+    assert "liger_kernel.ops.rope._triton_rope" in out.stdout
+    assert len(list(tmp_path.glob("*/__grp__*.json"))) == count

@@ -28,7 +28,8 @@ class PlanningRun:
         self._providers = providers
         self._done = threading.Event()
         self.tickets: list = []
-        self.variants: dict[Priority, int] = defaultdict(int)
+        self.variants: dict[Priority, int] = defaultdict(int)  # distinct variants, by the first priority
+        self._seen: set = set()  # requests already counted and queued by this run
         self.errors: list[str] = []
         self.seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="jit_ahead-planning", daemon=True)
@@ -88,12 +89,14 @@ class PlanningRun:
                         failed.add((provider.name, type(exc).__name__))
                         self._fail(provider, f"launch {launch.label}", exc)
                 if index == len(items) - 1 or time.perf_counter() - last_submit > SUBMIT_EVERY_S:
-                    new = plan.requests[submitted:]  # captures keep requests in first-seen order
-                    submitted += len(new)
+                    fresh = plan.requests[submitted:]  # captures keep requests in first-seen order
+                    submitted += len(fresh)
+                    new = [r for r in fresh if r not in self._seen]  # a WARMUP variant recurs in BACKGROUND
+                    self._seen.update(new)
+                    self.variants[priority] += len(new)
                     tickets = family.submit(new, priority)
                     queued += len(tickets)
                     self.tickets.extend(tickets)
                     last_submit = time.perf_counter()
-        self.variants[priority] += len(plan)
         self._stats.emit("planned", family=family.name, priority=priority.name, launches=len(items),
                          variants=len(plan), queued=queued, seconds=time.perf_counter() - t0)

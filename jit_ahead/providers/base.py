@@ -38,6 +38,13 @@ class Provider(ABC):
 
 
 def warmup_token_counts(limits: EngineLimits) -> set[int]:
-    """Token counts an engine's warmup runs: its CUDA-graph batch sizes (decode) and a full
-    ``max_num_tokens`` forward (profiling run). Launches at these are planned WARMUP."""
-    return {*limits.cuda_graph_batch_sizes, limits.max_num_tokens}
+    """Token counts an engine's warmup runs: its CUDA-graph batch sizes (decode, one token each) and
+    one full-length prefill (the profiling run: one sequence of min(max_num_tokens, max_seq_len) tokens).
+    Launches at these are planned WARMUP."""
+    return {*limits.cuda_graph_batch_sizes, min(limits.max_num_tokens, limits.max_seq_len)}
+
+
+def is_warmup_shape(limits: EngineLimits, batch: int, seq: int) -> bool:
+    """A (batch, tokens per sequence) shape the engine's warmup runs (see ``warmup_token_counts``)."""
+    return (seq == 1 and batch in limits.cuda_graph_batch_sizes) or (
+        batch == 1 and seq == min(limits.max_num_tokens, limits.max_seq_len))

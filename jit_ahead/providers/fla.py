@@ -26,7 +26,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, warmup_token_counts
+from .base import PlannedLaunch, Provider, is_warmup_shape
 from .meta import MetaCaller, ProbedCall, layer_settings, probe
 
 log = logging.getLogger("jit_ahead.providers.fla")
@@ -91,11 +91,10 @@ class FlaGatedDeltaNetProvider(Provider):
         return list(distinct.values())
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
-        warm = warmup_token_counts(limits)
         graphs = set(limits.cuda_graph_batch_sizes)
         for site in layers:
             for batch, seq in prefill_shapes(limits):
-                first = batch * seq in warm and (batch == 1 or seq == 1)
+                first = is_warmup_shape(limits, batch, seq)
                 priority = Priority.WARMUP if first else Priority.BACKGROUND
                 if isinstance(site, ModuleSite):
                     yield PlannedLaunch(priority, lambda b=batch, s=seq, site=site: _module(site, b, s),

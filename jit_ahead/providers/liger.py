@@ -27,7 +27,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, warmup_token_counts
+from .base import PlannedLaunch, Provider, is_warmup_shape, warmup_token_counts
 from .meta import MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings, probe
 
 log = logging.getLogger("jit_ahead.providers.liger")
@@ -179,8 +179,6 @@ def rope_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
 def _rope(site: RopeSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
     from liger_kernel.transformers.rope import liger_rotary_pos_emb
 
-    graphs = set(limits.cuda_graph_batch_sizes)
-
     @torch.no_grad()
     def run(batch: int, seq: int, cos_batch: int) -> None:
         if site.q_seq_major:
@@ -193,7 +191,7 @@ def _rope(site: RopeSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
         liger_rotary_pos_emb(q, k, cos, cos, None, site.unsqueeze_dim)
 
     for batch, seq in rope_shapes(limits):
-        first = (seq == 1 and batch in graphs) or (batch == 1 and seq == min(limits.max_seq_len, limits.max_num_tokens))
+        first = is_warmup_shape(limits, batch, seq)
         for cos_batch in sorted({1, batch}):
             yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
                                 lambda b=batch, s=seq, c=cos_batch: run(b, s, c),
