@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import random
@@ -25,34 +26,44 @@ def _make_model(name: str, device: str):
     return {"qwen3-liger": demo_models.liger_qwen3, "gated-deltanet": demo_models.fla_gated_deltanet}[name](device=device)
 
 
-def _installed(names: list[str]) -> list[str]:
-    import importlib.util
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it or its package: fla reads the GPU when
+    imported, and must not do so before the driver (real or stand-in) is in place."""
+    top, _, rest = module.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    path = rest.split(".")
+    return any(os.path.exists(os.path.join(root, *path)) or os.path.exists(os.path.join(root, *path) + ".py")
+               for root in spec.submodule_search_locations or ())
 
-    needs = {"qwen3-liger": ("liger_kernel", "transformers"), "gated-deltanet": ("fla.layers",)}
+
+def _installed(names: list[str]) -> list[str]:
+    needs = {"qwen3-liger": ("liger_kernel", "transformers"), "gated-deltanet": ("fla.layers", "transformers")}
     ok = []
     for name in names:
-        try:
-            found = all(importlib.util.find_spec(module) for module in needs[name])
-        except ModuleNotFoundError:
-            found = False
-        (ok.append(name) if found else print(f"skipping {name}: its library is not installed", file=sys.stderr))
+        if all(_importable(module) for module in needs[name]):
+            ok.append(name)
+        else:
+            print(f"skipping {name}: its library is not installed", file=sys.stderr)
     return ok
 
 
 def _demo(args: argparse.Namespace) -> int:
     if args.cache_dir:
         os.environ["TRITON_CACHE_DIR"] = os.path.abspath(args.cache_dir)
-    names = _installed([n for n in args.models.split(",") if n])
-    if not names:
-        print("no demo model can be built: pip install 'jit_ahead[liger,fla]'", file=sys.stderr)
-        return 2
     from triton import knobs
 
     from jit_ahead.core.priority import Priority
     from jit_ahead.core.session import Session
     from jit_ahead.triton.standin import ensure_driver, parse_target, real_driver_available
 
-    target = ensure_driver(parse_target(args.target))  # a real GPU wins over --target
+    # first: the kernel libraries must see the target's GPU when they are imported (a real GPU wins)
+    target = ensure_driver(parse_target(args.target))
+    names = _installed([n for n in args.models.split(",") if n])
+    if not names:
+        print("no demo model can be built: pip install 'jit_ahead[liger,fla]'", file=sys.stderr)
+        return 2
     on_gpu = real_driver_available()
     limits = _limits(args)
     print(f"target {target.backend}:{target.arch}{' (this GPU)' if on_gpu else ' (no GPU: stand-in driver)'}; "

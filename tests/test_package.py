@@ -32,3 +32,12 @@ def test_demo_plans_a_liger_model_and_builds_everything_in_helpers(tmp_path):
     assert f"built {count} of {count} variants" in out.stdout and f"cache: {tmp_path}" in out.stdout
     assert "liger_kernel.ops.rope._triton_rope" in out.stdout
     assert len(list(tmp_path.glob("*/__grp__*.json"))) == count
+
+
+def test_demo_checks_libraries_without_importing_them():
+    # fla picks kernel source from the GPU it sees at import: imported before the driver, it planned other
+    # variants than the helpers built (hash mismatches in the demo on a CPU-only machine)
+    code = ("import sys, jit_ahead.cli as cli; "
+            "print(cli._installed(['qwen3-liger', 'gated-deltanet']), 'fla' in sys.modules, 'liger_kernel' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.split() == ["['qwen3-liger',", "'gated-deltanet']", "False", "False"]

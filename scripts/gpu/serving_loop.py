@@ -141,6 +141,7 @@ def main() -> int:
     parser.add_argument("--arms", default="cold,warm,cold-jit",
                         help="arms in order; without 'cold', 'warm' runs on the cache cold-jit's helpers left "
                              "(list cold-jit first then)")
+    parser.add_argument("--arm-timeout", type=float, default=590, help="seconds before an arm is stopped")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -157,8 +158,14 @@ def main() -> int:
                 cache = caches[arm]
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
                 t0 = time.perf_counter()
-                proc = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", model],
-                                      env=env, capture_output=True, text=True, timeout=590)
+                try:
+                    proc = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", model],
+                                          env=env, capture_output=True, text=True, timeout=args.arm_timeout)
+                except subprocess.TimeoutExpired:
+                    results.append({"model": model, "arm": arm,
+                                    "error": f"did not finish within {args.arm_timeout:.0f} s"})
+                    print(json.dumps(results[-1]), flush=True)
+                    continue
                 wall = time.perf_counter() - t0
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
                 if line is None:
@@ -170,13 +177,13 @@ def main() -> int:
                 results.append(result)
                 print(json.dumps(result), flush=True)
     previous = {}
-    try:  # results of other models from earlier runs are kept
+    try:  # results of other models and arms from earlier runs are kept
         with open(os.path.join(args.out, "serving_loop.json")) as f:
             previous = json.load(f)
     except (OSError, ValueError):
         pass
-    ran = {r["model"] for r in results}
-    results = [r for r in previous.get("results", []) if r["model"] not in ran] + results
+    ran = {(r["model"], r["arm"]) for r in results}
+    results = [r for r in previous.get("results", []) if (r["model"], r["arm"]) not in ran] + results
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": versions(), "limits": LIMITS, "requests": REQUESTS, "new_tokens": NEW_TOKENS,
               "results": results}
@@ -190,7 +197,7 @@ def main() -> int:
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['arm']} | failed | | | | | |")
+            lines.append(f"| {r['model']} | {r['arm']} | {r['error'][:60]} | | | | | |")
             continue
         warm = next((w for w in results if w["model"] == r["model"] and w["arm"] == "warm" and "error" not in w), None)
         ratio = f"{r['end_s'] / warm['end_s']:.2f}" if warm and r["arm"] == "cold-jit" else ""
