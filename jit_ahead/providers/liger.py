@@ -60,6 +60,7 @@ class RopeSite:
     dtype: torch.dtype
     cos_dtype: torch.dtype
     unsqueeze_dim: int
+    rotary_dim: int | None  # passed explicitly by some models (GPT-OSS), else inferred from cos
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def _recording_rope(calls: list) -> Iterator[None]:
     def recording(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rotary_dim=None):
         calls.append(RopeSite(q_heads=q.shape[1], kv_heads=k.shape[1], head_dim=q.shape[-1],
                               rotary_width=cos.shape[-1], q_seq_major=q.transpose(1, 2).is_contiguous(),
-                              dtype=q.dtype, cos_dtype=cos.dtype, unsqueeze_dim=unsqueeze_dim))
+                              dtype=q.dtype, cos_dtype=cos.dtype, unsqueeze_dim=unsqueeze_dim,
+                              rotary_dim=rotary_dim))
         return original(q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim)
 
     rope_ops.rope_forward = recording
@@ -188,7 +190,7 @@ def _rope(site: RopeSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
             q = torch.empty(batch, site.q_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
             k = torch.empty(batch, site.kv_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
         cos = torch.empty(cos_batch, seq, site.rotary_width, dtype=site.cos_dtype, device="meta")
-        liger_rotary_pos_emb(q, k, cos, cos, None, site.unsqueeze_dim)
+        liger_rotary_pos_emb(q, k, cos, cos, None, site.unsqueeze_dim, site.rotary_dim)
 
     for batch, seq in rope_shapes(limits):
         first = is_warmup_shape(limits, batch, seq)

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 T_START = time.perf_counter()
+T_START_WALL = time.time()
 
 LIMITS = {"qwen3-liger": dict(max_num_tokens=1024, max_batch_size=8, max_seq_len=512, cuda_graph_batch_sizes=(1, 2, 4, 8)),
           "gated-deltanet": dict(max_num_tokens=512, max_batch_size=4, max_seq_len=256, cuda_graph_batch_sizes=(1, 2, 4))}
@@ -60,10 +61,14 @@ def run_arm(model_name: str, arm: str) -> dict:
     knobs.compilation.listener = listener
     warnings = _collect_warnings()
     session = None
+    timeline: list[tuple] = []  # (event, seconds since process start, helper, priority) from jit_ahead's stats
     if arm == "cold-jit":
         from jit_ahead.core.session import Session
 
-        session = Session().start()
+        session = Session()
+        session.stats.subscribe(lambda e: timeline.append((e["event"], round(e["time"] - T_START_WALL, 2),
+                                                            e.get("helper"), e.get("priority"))))
+        session.start()
     make = demo_models.liger_qwen3 if model_name == "qwen3-liger" else demo_models.fla_gated_deltanet
     torch.manual_seed(0)
     model = make(device="cuda")
@@ -97,9 +102,23 @@ def run_arm(model_name: str, arm: str) -> dict:
         tickets = run.tickets
         result.update(planned_variants=sum(run.variants.values()), planning_s=run.seconds,
                       queued=len(tickets), built=sum(1 for t in tickets if t.result and t.result.ok),
-                      helpers=session.triton.pool.workers, planning_errors=run.errors)
+                      helpers=session.triton.pool.workers, planning_errors=run.errors,
+                      milestones=_milestones(timeline))
         session.close()
     return result
+
+
+def _milestones(timeline: list[tuple]) -> dict:
+    """Where a cold start with jit_ahead spends its time: helpers ready, preloaded, builds finished."""
+    def times(event: str) -> list[float]:
+        return sorted(t for name, t, *_ in timeline if name == event)
+
+    out = {}
+    for event in ("helper_ready", "helper_preloaded", "build_finish", "planned"):
+        found = times(event)
+        if found:
+            out[event] = {"first_s": found[0], "last_s": found[-1], "count": len(found)}
+    return out
 
 
 def _collect_warnings() -> list[str]:
