@@ -152,3 +152,53 @@ def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
     kernel = k.add_kernel[(1,)](x, x, x, 4096, BLOCK=256)
     assert kernel is not None
     assert session.triton.pool.table.get(kernel.hash).result.builder == "executor"
+
+
+class PreloadingProvider(ScaleProvider):
+    name = "test-preloading"
+
+
+def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_factory, tmp_path, monkeypatch):
+    # A library module that records which processes imported it: the helper's import must happen
+    # while the provider is still walking the model (planning has queued nothing yet).
+    marker = tmp_path / "imported-by"
+    module_dir = tmp_path / "mods"
+    (module_dir / "tests_preload_probe").mkdir(parents=True)
+    (module_dir / "tests_preload_probe" / "__init__.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
+    monkeypatch.syspath_prepend(str(module_dir))  # helpers get the server's sys.path
+    monkeypatch.setattr(PreloadingProvider, "modules", ("tests_preload_probe",))
+    session = session_factory(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    gate = threading.Event()
+    run = session.plan_model(model(), EngineLimits(max_num_tokens=4), [PreloadingProvider(gate)])
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        while not any(e["event"] == "helper_preloaded" for e in events) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not run.done and not run.tickets  # nothing planned yet
+        (helper_pid,) = session.triton.pool.helper_pids().values()
+        assert marker.read_text().split() == [str(helper_pid)]
+    finally:
+        gate.set()
+    assert session.wait_ready(timeout=300)
+
+
+def test_preload_at_session_start_from_the_environment(tmp_path, monkeypatch):
+    import time
+
+    from jit_ahead.core.session import Session
+
+    monkeypatch.setenv("JIT_AHEAD_TRITON_PRELOAD", "json, tests.kernels.basic")
+    session = Session(triton={"workers": 1})
+    events = []
+    session.stats.subscribe(events.append)
+    with session:  # starts the helpers; no plan, no request
+        deadline = time.monotonic() + 120
+        while not any(e["event"] == "helper_preloaded" for e in events) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (event,) = [e for e in events if e["event"] == "helper_preloaded"]
+    assert event["modules"] == 2 and event["failed"] == []

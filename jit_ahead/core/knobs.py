@@ -75,3 +75,9 @@ def wait_timeout_s() -> float:
 def build_timeout_s() -> float:
     """A helper build that runs longer than this is killed and counts as a crash."""
     return env_float("JIT_AHEAD_BUILD_TIMEOUT_S", 600.0, minimum=1.0)
+
+
+def preload_modules(knob: str) -> tuple[str, ...]:
+    """Comma-separated modules helpers import as soon as they start (e.g. ``liger_kernel.ops``), so the
+    kernel library's import overlaps the server's own start instead of following its first plan."""
+    return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())

@@ -41,6 +41,7 @@ class FamilySpec:
     name: str
     builder: str  # importable module with prepare() -> dict and build(payload) -> dict
     workers_knob: str
+    preload_knob: str  # modules helpers import as soon as they start
 
 
 class Ewma:

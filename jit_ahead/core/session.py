@@ -58,7 +58,12 @@ class Session:
             from ..providers.builtin import builtin_providers  # imports no kernel library itself
 
             providers = builtin_providers()
-        run = PlanningRun(self.families, self.stats, model, limits, list(providers)).start()
+        providers = list(providers)
+        for provider in providers:  # helpers import the libraries while the providers walk the model
+            family = self.families.get(provider.family)
+            if family is not None and provider.modules:
+                family.pool.preload(provider.modules)
+        run = PlanningRun(self.families, self.stats, model, limits, providers).start()
         self._planning.append(run)
         return run
 

@@ -27,6 +27,9 @@ class Provider(ABC):
     name: ClassVar[str]
     library: ClassVar[str]  # importable module; built-in providers are enabled when it imports
     family: ClassVar[str] = "triton"
+    # kernel modules its launches build from: helpers import them as soon as planning starts, while the
+    # provider still walks the model (a kernel library's import is seconds per helper)
+    modules: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def find_layers(self, model) -> list:

@@ -61,6 +61,7 @@ def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
 class FlaGatedDeltaNetProvider(Provider):
     name = "fla-gated-deltanet"
     library = "fla"
+    modules = ("fla.ops.gated_delta_rule", "fla.modules")
 
     def find_layers(self, model) -> list:
         try:

@@ -111,6 +111,7 @@ def _liger_cross_entropy_patched() -> bool:
 class LigerProvider(Provider):
     name = "liger-kernel"
     library = "liger_kernel"
+    modules = ("liger_kernel.ops",)
 
     def find_layers(self, model) -> list:
         classes = _row_wise_classes()

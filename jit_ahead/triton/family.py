@@ -21,19 +21,22 @@ from .spec import on_disk
 
 log = logging.getLogger("jit_ahead.triton")
 
-SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob="JIT_AHEAD_TRITON_WORKERS")
+SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob="JIT_AHEAD_TRITON_WORKERS",
+                  preload_knob="JIT_AHEAD_TRITON_PRELOAD")
 
 
 class TritonFamily:
     name = FAMILY
 
-    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None) -> None:
+    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
+                 preload: tuple[str, ...] | None = None) -> None:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self.pool = HelperPool(
             SPEC, workers=core_knobs.worker_count(SPEC.workers_knob) if workers is None else workers,
             stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, device_view=device_view.current(),
             build_timeout=core_knobs.build_timeout_s())
+        self.pool.preload(core_knobs.preload_modules(SPEC.preload_knob) if preload is None else preload)
         self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout)
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
 

@@ -65,7 +65,12 @@ def run_arm(model_name: str, arm: str) -> dict:
     if arm == "cold-jit":
         from jit_ahead.core.session import Session
 
-        session = Session()
+        from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
+        from jit_ahead.providers.liger import LigerProvider
+
+        # the engine knows its kernel libraries: helpers import them while the server builds the model
+        provider = LigerProvider if model_name == "qwen3-liger" else FlaGatedDeltaNetProvider
+        session = Session(triton={"preload": provider.modules})
         session.stats.subscribe(lambda e: timeline.append((e["event"], round(e["time"] - T_START_WALL, 2),
                                                             e.get("helper"), e.get("priority"))))
         session.start()
