@@ -167,10 +167,29 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-batch-size", type=int, default=4)
     demo.add_argument("--max-seq-len", type=int, default=256)
     demo.add_argument("--requests", type=int, default=20, help="requests in the GPU serving loop")
+    report = sub.add_parser("report", help="coverage report from a stats log (JIT_AHEAD_STATS): per kernel, "
+                                           "unplanned variants and what differs, an HTML timeline")
+    report.add_argument("log", help="a stats log (.jsonl)")
+    report.add_argument("--html", default=None, help="also write an HTML report with a timeline here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "report":
+        return _report(args)
     return _demo(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from jit_ahead.report import report
+
+    try:
+        print(report(args.log, args.html), end="")
+    except OSError as exc:
+        print(f"cannot read {args.log}: {exc}", file=sys.stderr)
+        return 2
+    if args.html:
+        print(f"html: {os.path.abspath(args.html)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ log = logging.getLogger("jit_ahead.executor")
 _REDECIDE_S = 0.05
 
 
+class JitAfterReadyError(RuntimeError):
+    """A kernel was about to compile on the executor after serving started (JIT_AHEAD_MODE=error)."""
+
+
 class Outcome(enum.Enum):
     READY = "ready"  # a build finished (possibly after a wait): load it
     BUILT_HERE = "built_here"  # this thread built it in place

@@ -81,3 +81,17 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     """Comma-separated modules helpers import as soon as they start (e.g. ``liger_kernel.ops``), so the
     kernel library's import overlaps the server's own start instead of following its first plan."""
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
+
+
+GUARD_MODES = ("off", "warn", "error")
+
+
+def guard_mode() -> str:
+    """JIT_AHEAD_MODE: what an executor compile after the start of serving does: ``warn`` (default) logs
+    one warning naming the variant and how it differs from the nearest planned one, ``error`` raises,
+    ``off`` says nothing."""
+    raw = os.environ.get("JIT_AHEAD_MODE", "warn").strip().lower() or "warn"
+    if raw not in GUARD_MODES:
+        log.error("JIT_AHEAD_MODE=%r is not one of %s; using warn", raw, "|".join(GUARD_MODES))
+        return "warn"
+    return raw

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import importlib
 import logging
 import threading
@@ -11,6 +12,7 @@ from .limits import EngineLimits
 from .planning import PlanningRun
 from .priority import Priority
 from .stats import Stats
+from .stats_log import open_stats_log
 
 log = logging.getLogger("jit_ahead.session")
 
@@ -29,17 +31,23 @@ def _family_class(name: str):
 class Session:
     def __init__(self, families=("triton",), *, stats: Stats | None = None, **family_options) -> None:
         self.stats = stats or Stats()
+        self.stats_log = open_stats_log(self.stats)
+        self._tally: collections.Counter[str] = collections.Counter()
+        self.stats.subscribe(self._count)
         self.families = {name: _family_class(name)(self.stats, **family_options.get(name, {}))
                          for name in families}
         self._closed = False
         self._planning: list[PlanningRun] = []
-        self.phase = "startup"
 
     def __getattr__(self, name: str):
         families = self.__dict__.get("families", {})
         if name in families:
             return families[name]
         raise AttributeError(name)
+
+    @property
+    def phase(self) -> str:
+        return self.stats.phase
 
     def start(self) -> "Session":
         for family in self.families.values():
@@ -82,8 +90,8 @@ class Session:
     def mark_serving(self) -> None:
         """The engine finished warmup: from here on, a compile on the executor is a miss to report, and
         helpers exit once their queue is empty."""
-        self.phase = "serving"
-        self.stats.emit("phase", phase="serving")
+        self.stats.phase = "serving"
+        self.stats.emit("phase")
         for family in self.families.values():
             family.pool.retire_when_idle()
 
@@ -94,6 +102,27 @@ class Session:
         self._closed = True
         for family in self.families.values():
             family.close(grace)
+        summary = self.summary()
+        self.stats.emit("summary", **summary)
+        log.info("jit_ahead: %s", ", ".join(f"{k} {v}" for k, v in summary.items()))
+        if self.stats_log is not None:
+            self.stats_log.close()
+
+    def _count(self, record: dict) -> None:
+        event = record["event"]
+        if event == "build_finish":
+            self._tally["built in helpers" if record.get("helper") != "executor" else "built in place"] += 1
+        elif event == "executor_miss":
+            self._tally[f"executor {record.get('outcome')}"] += 1
+        elif event == "compile" and not record.get("cache_hit"):
+            self._tally[f"executor compiles ({record.get('phase')})"] += 1
+
+    def summary(self) -> dict:
+        """Counts for the one-line summary at exit."""
+        out = {"planned": sum(sum(run.variants.values()) for run in self._planning), **self._tally}
+        if self.stats_log is not None:
+            out["stats log"] = str(self.stats_log.path)
+        return out
 
     def __enter__(self) -> "Session":
         return self.start()

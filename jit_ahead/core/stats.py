@@ -18,13 +18,15 @@ class Stats:
         self._counts: collections.Counter[str] = collections.Counter()
         self._seconds: collections.Counter[str] = collections.Counter()
         self._listeners: list[Listener] = []
+        self.phase = "startup"  # "serving" once the engine marked it; every event carries it
 
     def subscribe(self, listener: Listener) -> None:
         with self._lock:
             self._listeners.append(listener)
 
     def emit(self, event: str, *, seconds: float | None = None, **fields) -> None:
-        record = {"event": event, "time": time.time(), "thread": threading.current_thread().name, **fields}
+        record = {"event": event, "time": time.time(), "phase": self.phase,
+                  "thread": threading.current_thread().name, **fields}
         if seconds is not None:
             record["seconds"] = round(seconds, 6)
         with self._lock:

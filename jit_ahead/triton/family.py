@@ -37,12 +37,16 @@ class TritonFamily:
             stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, device_view=device_view.current(),
             build_timeout=core_knobs.build_timeout_s())
         self.pool.preload(core_knobs.preload_modules(SPEC.preload_knob) if preload is None else preload)
-        self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout)
+        self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout,
+                                       guard=core_knobs.guard_mode())
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
+        self._previous_listener = None
 
     def start(self) -> None:
         self.pool.start()
         hook.install(self._on_miss)
+        self._previous_listener = knobs.compilation.listener
+        knobs.compilation.listener = self._on_compile
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
     def capture(self, target=None):
@@ -53,10 +57,25 @@ class TritonFamily:
         """Queue what is not on disk yet; helpers preload the kernels' modules before building."""
         if isinstance(requests, Capture):
             requests = requests.requests
+        requests = list(requests)
+        self.executor.note_planned(requests)
         missing = [r for r in requests if not on_disk(r.predicted_hash, r.name)]
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
+    def _on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
+        """Triton's compilation listener: every compile() of this process, a disk hit or a real compile."""
+        previous = self._previous_listener
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
+                     **kwargs)
+        micros = [getattr(times, "ir_initialization", 0) or 0, getattr(times, "store_results", 0) or 0,
+                  *(d for _, d in getattr(times, "lowering_stages", None) or ())]
+        self.pool.stats.emit("compile", family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
+                             cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6)
+
     def close(self, grace: float = 2.0) -> None:
         hook.clear_miss_handler(self._on_miss)
+        if knobs.compilation.listener == self._on_compile:
+            knobs.compilation.listener = self._previous_listener
         self.pool.close(grace)

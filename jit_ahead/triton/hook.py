@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from triton import knobs
 
+from ..core.executor import JitAfterReadyError
 from . import compat
 
 log = logging.getLogger("jit_ahead.triton")
@@ -43,6 +44,8 @@ def jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled
     if handler is not None:
         try:
             handler(fn=fn, compile=compile)
+        except JitAfterReadyError:  # JIT_AHEAD_MODE=error: the engine asked for this launch to fail
+            raise
         except Exception:  # never break a launch: Triton's normal path compiles it
             log.exception("jit_ahead miss handling failed for %s; Triton compiles it in place", fn.name)
     return None

@@ -10,12 +10,17 @@ from __future__ import annotations
 import logging
 import time
 
-from ..core.executor import Outcome, obtain
+import threading
+from collections import defaultdict
+
+from ..core.executor import JitAfterReadyError, Outcome, obtain
 from ..core.pool import HelperPool
 from ..core.requests import BuildRequest, BuildResult
+from ..core.table import State
 from .build import compile_request
 from .plan import request_from_hook
 from .spec import on_disk
+from .variant_diff import nearest
 
 log = logging.getLogger("jit_ahead.triton.load")
 
@@ -29,12 +34,58 @@ def build_in_place(request: BuildRequest) -> BuildResult:
         return BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
 
 
+def _kernel(request) -> str:
+    return f"{request.module}.{request.qualname}"
+
+
 class TritonExecutor:
     """Handles the executor's misses for one pool."""
 
-    def __init__(self, pool: HelperPool, wait_timeout: float) -> None:
+    def __init__(self, pool: HelperPool, wait_timeout: float, guard: str = "warn") -> None:
         self.pool = pool
         self.wait_timeout = wait_timeout
+        self.guard = guard
+        self._lock = threading.Lock()
+        self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
+        self._planned_keys: set[str] = set()
+
+    def note_planned(self, requests) -> None:
+        """Remember planned variants, to name what differs when an unplanned one compiles; each new one
+        goes to the stats log once (the coverage report compares against them)."""
+        new = []
+        with self._lock:
+            for request in requests:
+                variants = self._planned[_kernel(request)]
+                if request.specialization_data not in variants:
+                    variants[request.specialization_data] = None
+                    self._planned_keys.add(request.predicted_hash)
+                    new.append(request)
+        for request in new:
+            self.pool.stats.emit("variant", family="triton", key=request.predicted_hash, kernel=_kernel(request),
+                                 label=request.label, spec=request.specialization_data)
+
+    def explain(self, request) -> str:
+        """How an unplanned variant differs from the nearest planned variant of its kernel."""
+        with self._lock:
+            planned = list(self._planned.get(_kernel(request), ()))
+        if not planned:
+            return "no variant of this kernel was planned"
+        _, diff = nearest(request.specialization_data, planned)
+        return "nearest planned variant differs in " + "; ".join(diff) if diff else "it was planned"
+
+    def _building_ahead(self, request) -> bool:
+        """Planned and queued or in a helper: the launch waits for it (or helps), as during warmup."""
+        ticket = self.pool.table.get(request.predicted_hash)
+        return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
+
+    def _guard(self, request) -> None:
+        message = (f"{request.label} was not planned and needs a build after serving started (key "
+                   f"{request.predicted_hash[:16]}): {self.explain(request)}")
+        self.pool.stats.emit("guard", family="triton", key=request.predicted_hash, label=request.label,
+                             mode=self.guard, message=message)
+        if self.guard == "error":
+            raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
+        log.warning("%s (JIT_AHEAD_MODE=warn)", message)
 
     def on_miss(self, *, fn, compile: dict) -> None:
         t0 = time.perf_counter()
@@ -44,8 +95,13 @@ class TritonExecutor:
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
                        outcome="disk", seconds=time.perf_counter() - t0)
             return
+        if self.guard != "off" and stats.phase == "serving" and not self._building_ahead(request):
+            self._guard(request)
         outcome, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
+        with self._lock:
+            planned = request.predicted_hash in self._planned_keys
+        unplanned = {} if planned else {"spec": request.specialization_data}  # for the coverage report
         stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                   outcome=outcome.value, seconds=waited)
+                   kernel=_kernel(request), outcome=outcome.value, planned=planned, seconds=waited, **unplanned)
         if outcome is Outcome.FALLBACK:
             log.warning("%s: no build ahead (see above); Triton compiles it in place", request.label)

@@ -1,0 +1,212 @@
+"""The coverage report: from a stats log (``JIT_AHEAD_STATS``) to a table per kernel, the unplanned
+variants with what differs from the nearest planned one, and an HTML page with a timeline of helper
+builds, executor compiles and waits. ``jit-ahead report LOG`` and ``scripts/jit_coverage.py LOG``."""
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("jit_ahead.report")
+
+
+@dataclass
+class KernelRow:
+    planned: int = 0
+    built_ahead: int = 0
+    build_failed: int = 0
+    loaded: int = 0
+    waits: int = 0
+    waited_s: float = 0.0
+    compiles: dict = field(default_factory=lambda: {"startup": [0, 0.0], "serving": [0, 0.0]})
+    unused: int = 0
+
+
+@dataclass
+class Coverage:
+    kernels: dict[str, KernelRow]
+    unplanned: list[dict]  # kernel, label, phase, outcome, differences
+    spans: list[dict]  # lane, start, end, kind, label (seconds since the first event)
+    serving_at: float | None
+    bad_lines: int
+
+
+def read_events(path: Path) -> tuple[list[dict], int]:
+    """The log's events in time order; lines that are not JSON events are counted and skipped."""
+    events, bad = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+                if not isinstance(event, dict) or "event" not in event or "time" not in event:
+                    raise ValueError("not an event")
+                events.append(event)
+            except ValueError:
+                bad += 1
+    if bad:
+        log.warning("%s: %d lines are not jit_ahead events and were skipped", path, bad)
+    return sorted(events, key=lambda e: e["time"]), bad
+
+
+def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
+    from .triton.variant_diff import nearest
+
+    t0 = events[0]["time"] if events else 0.0
+    kernel_of: dict[str, str] = {}
+    planned_keys: set[str] = set()
+    specs: dict[str, list[str]] = defaultdict(list)
+    for e in events:  # full kernel names by key: planned variants, and misses (unplanned ones too)
+        if e["event"] == "variant":
+            planned_keys.add(e["key"])
+            kernel_of[e["key"]] = e["kernel"]
+            specs[e["kernel"]].append(e["spec"])
+        elif e["event"] == "executor_miss" and e.get("kernel"):
+            kernel_of.setdefault(e["key"], e["kernel"])
+    rows: dict[str, KernelRow] = defaultdict(KernelRow)
+    for kernel, variants in specs.items():
+        rows[kernel].planned = len(variants)
+    built, loaded = set(), set()
+    starts: dict[tuple, float] = {}
+    spans, unplanned, serving_at = [], [], None
+
+    def kernel(e: dict) -> str:
+        return kernel_of.get(e.get("key"), e.get("kernel") or "?")
+
+    for e in events:
+        t = e["time"] - t0
+        name = e["event"]
+        if name == "phase" and e.get("phase") == "serving" and serving_at is None:
+            serving_at = t
+        elif name in ("helper_ready", "helper_preloaded") and e.get("seconds"):
+            spans.append({"lane": e.get("helper", "?"), "start": t - e["seconds"], "end": t,
+                          "kind": "starting" if name == "helper_ready" else "preload",
+                          "label": "start and handshake" if name == "helper_ready" else "import kernel modules"})
+        elif name == "build_start":
+            starts[(e.get("helper"), e.get("key"))] = t
+        elif name == "build_finish" and e.get("helper") != "executor":
+            row = rows[kernel(e)]
+            if e.get("ok"):
+                row.built_ahead += 1
+                built.add(e["key"])
+            else:
+                row.build_failed += 1
+            start = starts.pop((e.get("helper"), e.get("key")), t - (e.get("seconds") or 0))
+            spans.append({"lane": e.get("helper", "?"), "start": start, "end": t,
+                          "kind": "build" if e.get("ok") else "failed", "label": e.get("label", "")})
+        elif name == "compile":
+            if e.get("cache_hit"):
+                if e.get("key") in planned_keys:  # a planned variant loaded (not a reload of a miss)
+                    loaded.add(e["key"])
+                    rows[kernel(e)].loaded += 1
+            else:
+                phase = "serving" if e.get("phase") == "serving" else "startup"
+                counts = rows[kernel(e)].compiles[phase]
+                counts[0] += 1
+                counts[1] += e.get("seconds") or 0.0
+                spans.append({"lane": "executor", "start": t - (e.get("seconds") or 0), "end": t,
+                              "kind": "compile", "label": e.get("kernel", "")})
+        elif name == "executor_miss":
+            if e.get("outcome") == "ready" and (e.get("seconds") or 0) > 0:
+                row = rows[kernel(e)]
+                row.waits += 1
+                row.waited_s += e["seconds"]
+                spans.append({"lane": "executor", "start": t - e["seconds"], "end": t, "kind": "wait",
+                              "label": e.get("label", "")})
+            if e.get("planned") is False and "spec" in e:
+                _, diff = nearest(e["spec"], specs.get(kernel(e), []))
+                unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
+                                  "outcome": e.get("outcome"), "differences": diff if specs.get(kernel(e))
+                                  else ["no variant of this kernel was planned"]})
+    for key in built - loaded:
+        rows[kernel_of.get(key, "?")].unused += 1
+    return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines)
+
+
+HEADER = ("kernel", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",
+          "warmup s", "compiles serving", "serving s", "never used")
+
+
+def _cells(name: str, row: KernelRow) -> list[str]:
+    (cw, sw), (cs, ss) = row.compiles["startup"], row.compiles["serving"]
+    return [name, str(row.planned), str(row.built_ahead), str(row.build_failed), str(row.loaded), str(row.waits),
+            f"{row.waited_s:.2f}", str(cw), f"{sw:.2f}", str(cs), f"{ss:.2f}", str(row.unused)]
+
+
+def text(coverage: Coverage) -> str:
+    table = [list(HEADER)] + [_cells(name, row) for name, row in coverage.kernels.items()]
+    widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in table]
+    serving = sum(r.compiles["serving"][0] for r in coverage.kernels.values())
+    lines.append("")
+    lines.append(f"executor compiles after serving started: {serving}")
+    for item in coverage.unplanned:
+        lines.append(f"unplanned ({item['phase']}, {item['outcome']}): {item['label']}")
+        for diff in item["differences"]:
+            lines.append(f"    {diff}")
+    return "\n".join(lines) + "\n"
+
+
+COLORS = {"starting": "#b0b0b0", "preload": "#a9cce3", "build": "#4c9a2a", "failed": "#c0392b",
+          "compile": "#e67e22", "wait": "#2980b9"}
+
+
+def timeline_svg(coverage: Coverage, width: int = 1100) -> str:
+    lanes = sorted({s["lane"] for s in coverage.spans if s["lane"] != "executor"},
+                   key=lambda n: (len(n), n)) + ["executor"]
+    origin = min([s["start"] for s in coverage.spans] + [0.0])  # helpers start before their first event
+    end = max([s["end"] for s in coverage.spans] + [coverage.serving_at or 0, 1e-3]) - origin
+    left, lane_h, top = 110, 18, 20
+    scale = (width - left - 10) / end
+    height = top + lane_h * len(lanes) + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11">']
+    for i, lane in enumerate(lanes):
+        y = top + i * lane_h
+        out.append(f'<text x="4" y="{y + 12}">{html.escape(lane)}</text>')
+        out.append(f'<line x1="{left}" x2="{width - 10}" y1="{y + lane_h}" y2="{y + lane_h}" stroke="#eee"/>')
+    for span in coverage.spans:
+        y = top + lanes.index(span["lane"]) * lane_h + 2
+        x = left + (span["start"] - origin) * scale
+        w = max(1.0, (span["end"] - span["start"]) * scale)
+        out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h - 4}" fill="{COLORS[span["kind"]]}">'
+                   f'<title>{html.escape(span["kind"])}: {html.escape(span["label"])} '
+                   f'({span["end"] - span["start"]:.2f}s)</title></rect>')
+    if coverage.serving_at is not None:
+        x = left + (coverage.serving_at - origin) * scale
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top - 8}" y2="{height - 24}" stroke="black" '
+                   f'stroke-dasharray="4,3"/><text x="{x + 3:.1f}" y="{top - 10}">serving</text>')
+    for tick in range(0, int(end) + 1, max(1, int(end / 10) or 1)):
+        x = left + tick * scale
+        out.append(f'<text x="{x:.1f}" y="{height - 8}">{tick + origin:.0f}s</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def html_page(coverage: Coverage, title: str) -> str:
+    rows = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(n, r)) + "</tr>"
+                     for n, r in coverage.kernels.items())
+    unplanned = "\n".join(f"<li><b>{html.escape(u['label'])}</b> ({html.escape(str(u['phase']))}, "
+                          f"{html.escape(str(u['outcome']))})<ul>" +
+                          "".join(f"<li><code>{html.escape(d)}</code></li>" for d in u["differences"]) + "</ul></li>"
+                          for u in coverage.unplanned) or "<li>none</li>"
+    legend = " ".join(f'<span style="background:{c};color:white;padding:1px 6px">{k}</span>'
+                      for k, c in COLORS.items())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
+            "td:first-child{text-align:left}table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}"
+            f"</style></head><body><h1>{html.escape(title)}</h1><h2>Timeline</h2><p>{legend}</p>"
+            f"{timeline_svg(coverage)}<h2>Per kernel</h2><table><tr>"
+            + "".join(f"<th>{h}</th>" for h in HEADER) + f"</tr>{rows}</table>"
+            f"<h2>Unplanned variants</h2><ul>{unplanned}</ul></body></html>\n")
+
+
+def report(path: str | Path, html_out: str | Path | None = None) -> str:
+    events, bad = read_events(Path(path))
+    coverage = analyse(events, bad)
+    if html_out is not None:
+        Path(html_out).write_text(html_page(coverage, f"jit_ahead coverage: {Path(path).name}"), encoding="utf-8")
+    return text(coverage)

@@ -1,0 +1,58 @@
+"""What differs between two variants of one kernel, in the words a provider author needs: which
+constexpr, which argument's type or specialization (alignment, ``== 1``), which compile option.
+
+Works on Triton's own specialization JSON (the same on 3.6 and 3.9): arguments are named from the
+signature, constants and attributes are mapped back to them by their index paths.
+"""
+from __future__ import annotations
+
+import json
+
+
+def _arg_name(names: list[str], path) -> str:
+    path = list(path) if isinstance(path, (list, tuple)) else [path]
+    if not path or not isinstance(path[0], int) or path[0] >= len(names):
+        return str(path)
+    return names[path[0]] + "".join(f"[{i}]" for i in path[1:])
+
+
+def fields(specialization_data: str) -> dict[str, object]:
+    """A flat view of one variant: ``arg x_ptr`` type, ``constexpr BLOCK`` value, ``spec n``
+    attributes (e.g. divisibility 16), ``option num_warps``, and any other top-level entry as is."""
+    data = json.loads(specialization_data)
+    signature = data.get("signature", {})
+    names = list(signature)
+    out: dict[str, object] = {f"arg {name}": kind for name, kind in signature.items() if kind != "constexpr"}
+    for path, value in zip(data.get("constant_keys", []), data.get("constant_vals", [])):
+        out[f"constexpr {_arg_name(names, path)}"] = value
+    for path, value in zip(data.get("attrs_keys", []), data.get("attrs_vals", [])):
+        name = _arg_name(names, path)
+        if value:
+            out[f"spec {name}"] = ", ".join(f"{k}={v}" for k, v in value) if all(
+                isinstance(a, (list, tuple)) and len(a) == 2 for a in value) else value
+    for key, value in data.get("options", {}).items():
+        out[f"option {key}"] = value
+    for key, value in data.items():
+        if key not in ("signature", "constant_keys", "constant_vals", "attrs_keys", "attrs_vals", "options",
+                       "key", "name"):
+            out[key] = value
+    return out
+
+
+def differences(variant: str, other: str) -> list[str]:
+    """``field: this -> other`` for each field where two variants (specialization JSON) differ."""
+    a, b = fields(variant), fields(other)
+    missing = "(none)"
+    return [f"{k}: {a.get(k, missing)} -> {b.get(k, missing)}" for k in sorted(a.keys() | b.keys())
+            if a.get(k, missing) != b.get(k, missing)]
+
+
+def nearest(variant: str, candidates: list[str]) -> tuple[str | None, list[str]]:
+    """The candidate differing from ``variant`` in the fewest fields, and those differences
+    (planned -> actual)."""
+    best, best_diff = None, None
+    for candidate in candidates:
+        diff = differences(candidate, variant)
+        if best_diff is None or len(diff) < len(best_diff):
+            best, best_diff = candidate, diff
+    return best, best_diff or []

@@ -1,0 +1,151 @@
+"""The stats log (one JSON line per event), the one-line summary, and the zero-JIT-after-ready guard."""
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from jit_ahead.core.executor import JitAfterReadyError
+from jit_ahead.core.priority import Priority
+from jit_ahead.core.session import Session
+from jit_ahead.core.stats_log import stats_log_path
+from jit_ahead.triton import capture
+from jit_ahead.triton.variant_diff import differences
+
+from .conftest import wait_all
+from .kernels import basic as k
+
+X = torch.empty(4096, device="meta", dtype=torch.float32)
+
+
+def serve(session):
+    """Mark serving and wait for the idle helper to retire: misses then build on the executor."""
+    import time
+
+    session.mark_serving()
+    deadline = time.monotonic() + 60
+    while session.triton.pool.live_helpers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert session.triton.pool.live_helpers() == 0
+
+
+def planned_session(monkeypatch, **env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    session = Session(triton={"workers": 1}).start()
+    with capture() as plan:
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)
+    assert all(r.ok for r in wait_all(session.triton.submit(plan, Priority.WARMUP)))
+    return session
+
+
+def run_with_stats_log(monkeypatch, tmp_path):
+    """A real run: one planned variant built by a helper and loaded, one unplanned after serving."""
+    session = planned_session(monkeypatch, JIT_AHEAD_STATS=str(tmp_path / "logs") + os.sep)
+    try:
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)  # planned: Triton loads it from disk
+        serve(session)
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=512)  # unplanned, after serving started
+    finally:
+        session.close()
+    (path,) = (tmp_path / "logs").glob("jit_ahead_stats.*.jsonl")
+    return path
+
+
+def test_stats_log_has_every_event_with_phase_and_thread_and_a_summary(monkeypatch, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="jit_ahead")
+    path = run_with_stats_log(monkeypatch, tmp_path)
+    assert path.name == f"jit_ahead_stats.{os.getpid()}.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all({"event", "time", "phase", "thread"} <= e.keys() for e in events)
+    names = {e["event"] for e in events}
+    assert {"variant", "queued", "helper_ready", "build_start", "build_finish", "executor_miss", "compile", "guard",
+            "phase", "summary"} <= names
+    compiles = [(e["phase"], e["cache_hit"], e["kernel"]) for e in events if e["event"] == "compile"]
+    assert ("startup", True, "add_kernel") in compiles  # the planned variant: a disk hit
+    assert ("serving", False, "add_kernel") in compiles  # the unplanned one compiled on the executor
+    helper_build = next(e for e in events if e["event"] == "build_finish" and e["helper"] != "executor")
+    assert helper_build["ok"] is True and helper_build["seconds"] > 0
+    summary = next(e for e in events if e["event"] == "summary")
+    assert summary["executor compiles (serving)"] == 1 and summary["built in helpers"] == 1
+    assert any(r.getMessage().startswith("jit_ahead: planned") and "executor compiles (serving) 1" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_guard_warns_naming_what_differs_from_the_nearest_planned_variant(monkeypatch, caplog):
+    session = planned_session(monkeypatch, JIT_AHEAD_MODE="warn")
+    try:
+        serve(session)
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)  # planned: no warning
+        assert not [r for r in caplog.records if "after serving started" in r.getMessage()]
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=512)
+    finally:
+        session.close()
+    (warning,) = [r for r in caplog.records if "after serving started" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
+    assert "add_kernel" in warning.getMessage() and "constexpr BLOCK: 64 -> 512" in warning.getMessage()
+
+
+def test_guard_error_makes_the_launch_fail_after_serving_started(monkeypatch):
+    session = planned_session(monkeypatch, JIT_AHEAD_MODE="error")
+    try:
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=128)  # before serving: compiles, no error
+        serve(session)
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)  # planned: fine
+        half = torch.empty(4096, device="meta", dtype=torch.float16)
+        with pytest.raises(JitAfterReadyError, match=r"arg x_ptr: \*fp32 -> \*fp16"):
+            k.add_kernel[(1,)](half, X, X, 4096, BLOCK=64)
+    finally:
+        session.close()
+
+
+def test_stats_log_path_rules(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert stats_log_path("1", pid=7) == tmp_path / "jit_ahead_stats.7.jsonl"
+    assert stats_log_path(str(tmp_path), pid=7) == tmp_path / "jit_ahead_stats.7.jsonl"
+    assert stats_log_path(str(tmp_path / "run-{pid}.jsonl"), pid=7) == tmp_path / "run-7.jsonl"
+    assert stats_log_path("0") is None and stats_log_path(None) is None
+
+
+def test_an_unwritable_stats_log_is_one_error_line_and_no_log(monkeypatch, caplog):
+    monkeypatch.setenv("JIT_AHEAD_STATS", "/proc/jit_ahead_cannot_write_here.jsonl")
+    session = Session(triton={"workers": 0})
+    try:
+        assert session.stats_log is None
+    finally:
+        session.close()
+    (error,) = [r for r in caplog.records if "JIT_AHEAD_STATS" in r.getMessage()]
+    assert error.levelno == logging.ERROR and "running without a stats log" in error.getMessage()
+
+
+def test_variant_differences_name_the_argument_and_the_option():
+    half = torch.empty(4096, device="meta", dtype=torch.float16)
+    with capture() as plan:
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)
+        k.add_kernel[(1,)](X, X, X, 1, BLOCK=64)
+        k.add_kernel[(1,)](half, X, X, 4095, BLOCK=64, num_warps=8)
+    base, one, other = (r.specialization_data for r in plan.requests)
+    assert differences(base, one) == ["arg n: i32 -> (none)", "constexpr n: (none) -> 1",
+                                      "spec n: tt.divisibility=16 -> (none)"]
+    assert differences(base, other) == ["arg x_ptr: *fp32 -> *fp16", "option num_warps: 4 -> 8",
+                                        "spec n: tt.divisibility=16 -> (none)"]
+
+
+def test_coverage_report_text_and_html_from_a_real_log(monkeypatch, tmp_path, capsys):
+    from jit_ahead.cli import main
+
+    path = run_with_stats_log(monkeypatch, tmp_path)
+    with open(path, "a") as f:
+        f.write("not json\n")  # a damaged line is skipped, not fatal
+    page = tmp_path / "report.html"
+    assert main(["report", str(path), "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("tests.kernels.basic.add_kernel"))
+    # kernel, planned, built ahead, failed, loaded, waits, waited s, compiles warmup, s, compiles serving, s, unused
+    assert row[1:6] == ["1", "1", "0", "1", "0"] and row[9] == "1" and row[11] == "0", out
+    assert "executor compiles after serving started: 1" in out
+    assert "constexpr BLOCK: 64 -> 512" in out
+    text = page.read_text()
+    assert text.count("<svg") == 1 and 'fill="#4c9a2a"' in text and 'fill="#e67e22"' in text  # build, compile
+    assert ">serving</text>" in text and "constexpr BLOCK: 64 -&gt; 512" in text
