@@ -1,6 +1,19 @@
-"""jit_ahead: build JIT kernel variants ahead in CPU-only helper processes, so serving never compiles."""
-from .core.priority import Priority
-from .core.session import Session, current, start, stop
+"""jit_ahead: compile-ahead helper pool for JIT kernels. See README.md.
+
+Names are resolved lazily, so that the start-up hook (``jit_ahead.pth`` -> ``jit_ahead.autostart``)
+imports nothing but itself in processes that never use Triton."""
 
 __version__ = "0.1.0"
 __all__ = ["Priority", "Session", "current", "start", "stop", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Priority":
+        from .core.priority import Priority
+
+        return Priority
+    if name in ("Session", "current", "start", "stop"):
+        from .core import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'jit_ahead' has no attribute {name!r}")

@@ -38,6 +38,7 @@ class Session:
                          for name in families}
         self._closed = False
         self._planning: list[PlanningRun] = []
+        self._serving_listeners: list = []
 
     def __getattr__(self, name: str):
         families = self.__dict__.get("families", {})
@@ -87,9 +88,17 @@ class Session:
             return False
         return all(family.pool.table.wait_settled(priority, remaining()) for family in self.families.values())
 
+    def add_serving_listener(self, callback) -> None:
+        """``callback()`` runs once when serving starts (e.g. to cancel a fallback timer)."""
+        self._serving_listeners.append(callback)
+
     def mark_serving(self) -> None:
         """The engine finished warmup: from here on, a compile on the executor is a miss to report, and
-        helpers exit once their queue is empty."""
+        helpers exit once their queue is empty. Calling it again does nothing."""
+        if self.stats.phase == "serving":
+            return
+        for callback in self._serving_listeners:
+            callback()
         self.stats.phase = "serving"
         self.stats.emit("phase")
         for family in self.families.values():

@@ -1,0 +1,86 @@
+"""``JIT_AHEAD=1`` in any process: the start-up hook (``jit_ahead.pth``, run by Python's ``site``).
+
+The ``.pth`` line only reads the variable; when it is set, ``install()`` adds an import watcher and
+returns: nothing else is imported. The session starts right after the process imports Triton, so a
+process that never uses Triton never pays for jit_ahead (and never starts helpers).
+
+Warmup and serving, without an engine calling the lifecycle API: serving is taken to start
+``JIT_AHEAD_WARMUP_S`` seconds (default 300) after the session started; ``0`` never switches by time.
+An engine (or a script) overrides the rule by calling ``jit_ahead.current().mark_serving()`` itself,
+which also cancels the timer.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger("jit_ahead.autostart")
+
+_installed = False
+
+
+class _AfterTritonImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``triton`` is about to be imported it wraps the real loader so that
+    jit_ahead starts once Triton's import has finished, then takes itself off ``sys.meta_path``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "triton":
+            return None
+        sys.meta_path.remove(self)  # one shot; also keeps the lookup below from finding us again
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            _start_session()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Called from ``jit_ahead.pth`` when JIT_AHEAD is set; cheap, idempotent, never raises."""
+    global _installed
+    if _installed or os.environ.get("JIT_AHEAD_HELPER") == "1":  # helpers never start sessions
+        return
+    _installed = True
+    try:
+        if "triton" in sys.modules:
+            _start_session()
+        else:
+            sys.meta_path.insert(0, _AfterTritonImport())
+    except Exception as exc:  # a start-up hook must never stop the process
+        sys.stderr.write(f"jit_ahead: JIT_AHEAD=1 start-up hook failed ({type(exc).__name__}: {exc}); "
+                         "running without jit_ahead\n")
+
+
+def _start_session() -> None:
+    try:
+        from .core import knobs
+        from .core.session import start
+
+        session = start()
+        warmup_s = knobs.env_float("JIT_AHEAD_WARMUP_S", 300.0)
+        if warmup_s > 0:
+            timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))
+            timer.daemon = True
+            timer.start()
+            session.add_serving_listener(timer.cancel)
+        log.info("jit_ahead on (JIT_AHEAD=1); serving is assumed %s", f"{warmup_s:.0f}s after start"
+                 if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
+    except Exception as exc:
+        sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")
+
+
+def _serving_by_time(session, warmup_s: float) -> None:
+    if session.phase != "serving":
+        log.info("jit_ahead: %.0fs since start and no engine marked serving: serving starts now "
+                 "(JIT_AHEAD_WARMUP_S)", warmup_s)
+        session.mark_serving()

@@ -1,0 +1,54 @@
+"""JIT_AHEAD=1 in any process: the start-up hook installed with the package (jit_ahead.pth)."""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+PTH = Path(sysconfig.get_paths()["purelib"]) / "jit_ahead.pth"
+
+
+@pytest.fixture(autouse=True)
+def installed_hook():
+    assert PTH.exists(), (f"{PTH} is missing: the start-up hook is installed by `pip install .` (an editable "
+                          "install does not place it); .ci/run and the README install that way")
+
+
+def run(code: str, **env) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/",
+                         env={**clean, **env})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+LOADED = ("import sys, json; print(json.dumps(sorted(m for m in sys.modules "
+          "if m.split('.')[0] in ('jit_ahead', 'triton', 'torch'))))")
+
+
+def test_unset_does_nothing_at_all():
+    assert run(LOADED) == []
+    assert run(LOADED, JIT_AHEAD="0") == []
+
+
+def test_set_but_triton_never_imported_costs_one_small_module():
+    assert run(LOADED, JIT_AHEAD="1") == ["jit_ahead", "jit_ahead.autostart"]
+
+
+def test_set_starts_a_session_once_triton_is_imported():
+    code = ("import triton, jit_ahead, json; s = jit_ahead.current(); "
+            "print(json.dumps([s is not None, s.phase, sorted(s.families)]))")
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0") == [True, "startup", ["triton"]]
+
+
+def test_serving_starts_by_time_unless_the_engine_says_so():
+    wait = ("import time, triton, jit_ahead, json; time.sleep(1.5); "
+            "print(json.dumps(jit_ahead.current().phase))")
+    assert run(wait, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_WARMUP_S="0.3") == "serving"
+    assert run(wait, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_WARMUP_S="0") == "startup"
+    engine = ("import time, triton, jit_ahead, json; s = jit_ahead.current(); s.mark_serving(); "
+              "time.sleep(1.0); print(json.dumps([s.phase, s.stats.count('phase')]))")
+    assert run(engine, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_WARMUP_S="0.3") == ["serving", 1]
