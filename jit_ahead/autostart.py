@@ -9,21 +9,15 @@ Warmup and serving, without an engine calling the lifecycle API: serving is take
 An engine (or a script) overrides the rule by calling ``jit_ahead.current().mark_serving()`` itself,
 which also cancels the timer.
 """
-from __future__ import annotations
-
-import importlib.abc
-import importlib.machinery
-import logging
 import os
 import sys
-import threading
 
-log = logging.getLogger("jit_ahead.autostart")
-
+# Only os and sys at import: this module runs in every process that has JIT_AHEAD set, and importlib.abc
+# or logging alone would add tens of milliseconds to each interpreter start (scripts/bench/startup_hook.py).
 _installed = False
 
 
-class _AfterTritonImport(importlib.abc.MetaPathFinder):
+class _AfterTritonImport:  # a meta path finder: anything with find_spec
     """Finds nothing itself: when ``triton`` is about to be imported it wraps the real loader so that
     jit_ahead starts once Triton's import has finished, then takes itself off ``sys.meta_path``."""
 
@@ -31,8 +25,13 @@ class _AfterTritonImport(importlib.abc.MetaPathFinder):
         if fullname != "triton":
             return None
         sys.meta_path.remove(self)  # one shot; also keeps the lookup below from finding us again
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in sys.meta_path:  # whoever would have found it (site-packages, an editable finder...)
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
         original = loader.exec_module
@@ -62,6 +61,10 @@ def install() -> None:
 
 
 def _start_session() -> None:
+    import logging
+    import threading
+
+    log = logging.getLogger("jit_ahead.autostart")
     try:
         from .core import knobs
         from .core.session import start
@@ -80,6 +83,9 @@ def _start_session() -> None:
 
 
 def _serving_by_time(session, warmup_s: float) -> None:
+    import logging
+
+    log = logging.getLogger("jit_ahead.autostart")
     if session.phase != "serving":
         log.info("jit_ahead: %.0fs since start and no engine marked serving: serving starts now "
                  "(JIT_AHEAD_WARMUP_S)", warmup_s)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import sys
 import importlib
 import logging
 import threading
@@ -113,9 +114,11 @@ class Session:
             family.close(grace)
         summary = self.summary()
         self.stats.emit("summary", **summary)
-        log.info("jit_ahead: %s", ", ".join(f"{k} {v}" for k, v in summary.items()))
-        if self.stats_log is not None:
+        line = "jit_ahead: " + ", ".join(f"{k} {v}" for k, v in summary.items())
+        log.info("%s", line)
+        if self.stats_log is not None:  # asked for stats: the summary is shown even without logging set up
             self.stats_log.close()
+            print(line, file=sys.stderr)
 
     def _count(self, record: dict) -> None:
         event = record["event"]
