@@ -149,6 +149,7 @@ class HelperPool:
         self._threads: list[threading.Thread] = []
         self._helpers: dict[int, _Helper] = {}
         self._starting = 0  # slots that are starting a helper right now
+        self._slots_running = 0  # slot threads that have not given up or stopped (they restart helpers)
         self._preload: list[str] = []
         self._bad_preloads: set[str] = set()
         self._job_ids = itertools.count(1)
@@ -158,6 +159,7 @@ class HelperPool:
         with self._lock:
             if self._threads:
                 return
+            self._slots_running = self.workers
             for slot in range(self.workers):
                 thread = threading.Thread(target=self._slot_main, args=(slot,), daemon=True,
                                           name=f"jit_ahead-{self.family.name}-slot{slot}")
@@ -218,9 +220,9 @@ class HelperPool:
             return {h.name: h.pid for h in self._helpers.values()}
 
     def may_get_helpers(self) -> bool:
-        """True while a helper is running or a slot is still starting one."""
+        """True while a helper is running or a slot is still starting one or backing off to retry."""
         with self._lock:
-            return bool(self._helpers) or self._starting > 0
+            return bool(self._helpers) or self._starting > 0 or self._slots_running > 0
 
     def expected_helper_wait(self, ticket: Ticket) -> float | None:
         """Seconds until a helper would finish ``ticket`` if we wait, by measurement; None if unknown."""
@@ -252,6 +254,14 @@ class HelperPool:
 
     # -- slots --------------------------------------------------------------------------------------------
     def _slot_main(self, slot: int) -> None:
+        try:
+            self._run_slot(slot)
+        finally:
+            with self._lock:
+                self._slots_running -= 1
+            self.table.notify()  # launches waiting on queued work re-decide: this slot is gone
+
+    def _run_slot(self, slot: int) -> None:
         backoff = self._backoff_initial
         failures = 0
         while not self._closed.is_set():
@@ -287,7 +297,6 @@ class HelperPool:
             if self._closed.wait(backoff):
                 break
             backoff = min(backoff * 2, self._backoff_max)
-        self.table.notify()
 
     def _start_helper(self, slot: int) -> _Helper | None:
         name = f"helper-{slot}"
