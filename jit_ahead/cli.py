@@ -5,7 +5,6 @@ import argparse
 import importlib.util
 import logging
 import os
-import random
 import sys
 import time
 
@@ -115,40 +114,27 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
 def _serve_on_gpu(session, names: list[str], limits, requests: int) -> int:
     """A short serving loop on the GPU: warmup, then random requests; counts executor compiles."""
     import torch
-    from triton import knobs
 
     from jit_ahead import demo_models
 
-    compiles = {"warmup": 0, "serving": 0}
-    phase = ["warmup"]
-
-    def listener(*, cache_hit, **kwargs):
-        if not cache_hit:
-            compiles[phase[0]] += 1
-
-    knobs.compilation.listener = listener
+    counter = demo_models.CompileCounter().install()
     models = {name: _make_model(name, "cuda") for name in names}
     for model in models.values():
-        for batch in limits.cuda_graph_batch_sizes:
-            demo_models.serve(model, batch, 1, 1, device="cuda")
-        demo_models.serve(model, 1, min(limits.max_seq_len, limits.max_num_tokens), 1, device="cuda")
+        demo_models.warmup(model, limits, "cuda")
     torch.cuda.synchronize()
-    phase[0] = "serving"
+    counter.phase = "serving"
     session.mark_serving()
-    rng = random.Random(0)
     worst = 0.0
-    for i in range(requests):
-        model = models[names[i % len(names)]]
-        batch = rng.randint(1, limits.max_batch_size)
-        prompt = rng.randint(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
+    for i, (batch, prompt) in enumerate(demo_models.request_shapes(limits, requests, seed=0)):
         t0 = time.perf_counter()
-        demo_models.serve(model, batch, prompt, 4, device="cuda", seed=i)
+        demo_models.serve(models[names[i % len(names)]], batch, prompt, 4, device="cuda", seed=i)
         torch.cuda.synchronize()
         worst = max(worst, time.perf_counter() - t0)
-    knobs.compilation.listener = None
+    counter.uninstall()
+    warm, serving = (len(counter.compiled[phase]) for phase in ("warmup", "serving"))
     print(f"served {requests} requests on {torch.cuda.get_device_name(0)}: executor compiles in warmup "
-          f"{compiles['warmup']}, after warmup {compiles['serving']}; worst request {worst * 1000:.0f} ms")
-    return 0 if compiles["serving"] == 0 else 1
+          f"{warm}, after warmup {serving}; worst request {worst * 1000:.0f} ms")
+    return 0 if serving == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ and the serving step they all use (prefill a batch, then decode with the model's
 from __future__ import annotations
 
 import contextlib
+import random
 
 import torch
 
@@ -69,3 +70,48 @@ def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_i
             step = out.logits[:, -1:].argmax(-1)
             tokens.append(step)
         return torch.cat(tokens, dim=1)
+
+
+def warmup(model, limits, device) -> None:
+    """What an engine's warmup runs: decode at the CUDA-graph batch sizes and one full-length prefill."""
+    for batch in limits.cuda_graph_batch_sizes:
+        serve(model, batch, 1, 1, device=device)
+    serve(model, 1, min(limits.max_seq_len, limits.max_num_tokens), 1, device=device)
+
+
+def request_shapes(limits, count: int, seed: int) -> list[tuple[int, int]]:
+    """``count`` random (batch size, prompt length) pairs within the limits."""
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(count):
+        batch = rng.randint(1, limits.max_batch_size)
+        shapes.append((batch, rng.randint(1, min(limits.max_seq_len, limits.max_num_tokens // batch))))
+    return shapes
+
+
+class CompileCounter:
+    """Triton's compilation listener counting compile() calls that really compiled (``cache_hit`` False),
+    by phase ("warmup", then "serving"), chained to any listener already installed (jit_ahead's own)."""
+
+    def __init__(self) -> None:
+        self.phase = "warmup"
+        self.compiled: dict[str, list[str]] = {"warmup": [], "serving": []}
+        self._previous = None
+
+    def __call__(self, *, src, cache_hit, **kwargs) -> None:
+        if self._previous is not None:
+            self._previous(src=src, cache_hit=cache_hit, **kwargs)
+        if not cache_hit:
+            self.compiled[self.phase].append(getattr(src, "name", "?"))
+
+    def install(self) -> "CompileCounter":
+        from triton import knobs
+
+        self._previous, knobs.compilation.listener = knobs.compilation.listener, self
+        return self
+
+    def uninstall(self) -> None:
+        from triton import knobs
+
+        if knobs.compilation.listener is self:
+            knobs.compilation.listener = self._previous

@@ -149,3 +149,23 @@ def test_coverage_report_text_and_html_from_a_real_log(monkeypatch, tmp_path, ca
     text = page.read_text()
     assert text.count("<svg") == 1 and 'fill="#4c9a2a"' in text and 'fill="#e67e22"' in text  # build, compile
     assert ">serving</text>" in text and "constexpr BLOCK: 64 -&gt; 512" in text
+
+
+def test_compile_counter_counts_real_compiles_by_phase_and_chains_the_previous_listener():
+    from triton import knobs
+
+    from jit_ahead.demo_models import CompileCounter
+
+    seen = []
+    knobs.compilation.listener = lambda **kwargs: seen.append(kwargs["cache_hit"])
+    counter = CompileCounter().install()
+    try:
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=32)  # no session: Triton compiles it here
+        counter.phase = "serving"
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=32)  # in-memory hit: no compile() at all
+    finally:
+        counter.uninstall()
+        restored = knobs.compilation.listener
+        knobs.compilation.listener = None
+    assert counter.compiled == {"warmup": ["add_kernel"], "serving": []}
+    assert seen == [False] and restored is not counter

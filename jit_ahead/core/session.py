@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import atexit
 import collections
-import sys
 import importlib
 import logging
+import sys
 import threading
 import time
 

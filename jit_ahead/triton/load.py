@@ -8,9 +8,8 @@ finished entry from disk. Failures fall back to Triton's normal in-place compile
 from __future__ import annotations
 
 import logging
-import time
-
 import threading
+import time
 from collections import defaultdict
 
 from ..core.executor import JitAfterReadyError, Outcome, obtain

@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -34,31 +33,15 @@ REQUESTS = 40
 NEW_TOKENS = 4
 
 
-def requests(limits, seed: int) -> list[tuple[int, int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(REQUESTS):
-        batch = rng.randint(1, limits.max_batch_size)
-        out.append((batch, rng.randint(1, min(limits.max_seq_len, limits.max_num_tokens // batch))))
-    return out
-
-
 def run_arm(model_name: str, arm: str) -> dict:
     import torch
-    from triton import knobs
 
     from jit_ahead import demo_models
     from jit_ahead.core.limits import EngineLimits
 
     limits = EngineLimits(**LIMITS[model_name])
-    compiles = {"warmup": [], "serving": []}
-    phase = ["warmup"]
-
-    def listener(*, src, metadata, metadata_group, times, cache_hit, **kwargs):
-        if not cache_hit:
-            compiles[phase[0]].append(getattr(src, "name", "?"))
-
-    knobs.compilation.listener = listener
+    counter = demo_models.CompileCounter().install()  # before the session: jit_ahead chains to it
+    compiles = counter.compiled
     warnings = _collect_warnings()
     session = None
     timeline: list[tuple] = []  # (event, seconds since process start, helper, priority) from jit_ahead's stats
@@ -82,16 +65,14 @@ def run_arm(model_name: str, arm: str) -> dict:
         run = session.plan_model(model, limits)
         session.wait_ready(timeout=600)
     t_ready = time.perf_counter() - T_START
-    for batch in limits.cuda_graph_batch_sizes:  # what an engine's warmup runs: graph sizes, one full prefill
-        demo_models.serve(model, batch, 1, 1, device="cuda")
-    demo_models.serve(model, 1, limits.max_seq_len, 1, device="cuda")
+    demo_models.warmup(model, limits, "cuda")
     torch.cuda.synchronize()
     t_warm = time.perf_counter() - T_START
-    phase[0] = "serving"
+    counter.phase = "serving"
     if session is not None:
         session.mark_serving()
     latencies = []
-    for i, (batch, prompt) in enumerate(requests(limits, seed=1)):
+    for i, (batch, prompt) in enumerate(demo_models.request_shapes(limits, REQUESTS, seed=1)):
         t0 = time.perf_counter()
         demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i)
         torch.cuda.synchronize()
