@@ -23,14 +23,14 @@ from jit_ahead.core.requests import BuildResult
 log = logging.getLogger("jit_ahead.helper")
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     try:
         os.nice(19 - os.nice(0))
     except OSError as exc:
         log.warning("could not lower this helper's priority to nice 19: %s", exc)
 
 
-def _exit_with_parent(parent: int) -> None:
+def exit_with_parent(parent: int) -> None:
     """Exit if the pool's process goes away while a long build keeps us from reading the pipe."""
     def watch() -> None:
         while True:
@@ -41,7 +41,7 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def _preload(modules) -> PreloadDone:
+def preload(modules) -> PreloadDone:
     failed = {}
     for name in modules:
         try:
@@ -51,7 +51,7 @@ def _preload(modules) -> PreloadDone:
     return PreloadDone(failed)
 
 
-def _describe_self() -> dict:
+def describe_self() -> dict:
     """What the pool and tests check about a helper's isolation."""
     view = device_view.installed()
     return {"nice": os.nice(0), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -70,34 +70,49 @@ def _build(builder, job: Job) -> JobDone:
         return JobDone(job.job_id, BuildResult(key, False, time.perf_counter() - t0, "", error))
 
 
-def main(argv: list[str]) -> int:
+def set_up_logging() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"[jit_ahead helper {os.getpid()}] %(levelname)s %(name)s: %(message)s")
-    _lower_priority()
-    _exit_with_parent(os.getppid())
+
+
+def configure(config: Configure):
+    """Take on the server's import path and GPU view, import the family's builder and warm it up.
+    Returns the builder module and what Ready reports."""
+    sys.path[:] = list(config.sys_path)
+    if config.device_view is not None:  # before any kernel library is imported: they read it at import
+        device_view.install(config.device_view)
+    builder = importlib.import_module(config.builder)
+    return builder, builder.prepare(config.device_view) or {}
+
+
+def serve(inbox, outbox, builder) -> int:
+    """Answer Preload and Job messages until Shutdown or until the pool's end of the pipe closes."""
+    while True:
+        message = read_message(inbox)
+        if message is None or isinstance(message, Shutdown):
+            return 0
+        if isinstance(message, Preload):
+            write_message(outbox, preload(message.modules))
+        elif isinstance(message, Job):
+            write_message(outbox, _build(builder, message))
+        else:
+            log.error("ignoring unexpected message %r", type(message).__name__)
+
+
+def main(argv: list[str]) -> int:
+    set_up_logging()
+    lower_priority()
+    exit_with_parent(os.getppid())
     inbox = os.fdopen(int(argv[1]), "rb", buffering=0)
     outbox = os.fdopen(int(argv[2]), "wb", buffering=0)
     config = read_message(inbox)
     if not isinstance(config, Configure):
         log.error("expected Configure first, got %r", type(config).__name__)
         return 2
-    sys.path[:] = list(config.sys_path)
     t0 = time.perf_counter()
-    if config.device_view is not None:  # before any kernel library is imported: they read it at import
-        device_view.install(config.device_view)
-    builder = importlib.import_module(config.builder)
-    info = {**_describe_self(), **(builder.prepare(config.device_view) or {})}
-    write_message(outbox, Ready(os.getpid(), time.perf_counter() - t0, info))
-    while True:
-        message = read_message(inbox)
-        if message is None or isinstance(message, Shutdown):
-            return 0
-        if isinstance(message, Preload):
-            write_message(outbox, _preload(message.modules))
-        elif isinstance(message, Job):
-            write_message(outbox, _build(builder, message))
-        else:
-            log.error("ignoring unexpected message %r", type(message).__name__)
+    builder, prepared = configure(config)
+    write_message(outbox, Ready(os.getpid(), time.perf_counter() - t0, {**describe_self(), **prepared}))
+    return serve(inbox, outbox, builder)
 
 
 if __name__ == "__main__":

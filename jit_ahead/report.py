@@ -12,6 +12,14 @@ from pathlib import Path
 
 log = logging.getLogger("jit_ahead.report")
 
+# Events that end a span of helper start-up work, drawn on the helper's (or the fork server's) lane.
+_START_SPANS = {
+    "helper_ready": ("starting", "start and handshake"),
+    "helper_preloaded": ("preload", "import kernel modules"),
+    "forkserver_ready": ("starting", "fork server: start, import the builder"),
+    "forkserver_preloaded": ("preload", "fork server: import kernel modules"),
+}
+
 
 @dataclass
 class KernelRow:
@@ -80,10 +88,10 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
         name = e["event"]
         if name == "phase" and e.get("phase") == "serving" and serving_at is None:
             serving_at = t
-        elif name in ("helper_ready", "helper_preloaded") and e.get("seconds"):
-            spans.append({"lane": e.get("helper", "?"), "start": t - e["seconds"], "end": t,
-                          "kind": "starting" if name == "helper_ready" else "preload",
-                          "label": "start and handshake" if name == "helper_ready" else "import kernel modules"})
+        elif name in _START_SPANS and e.get("seconds"):
+            kind, label = _START_SPANS[name]
+            spans.append({"lane": e.get("helper", "?"), "start": t - e["seconds"], "end": t, "kind": kind,
+                          "label": label})
         elif name == "build_start":
             starts[(e.get("helper"), e.get("key"))] = t
         elif name == "build_finish" and e.get("helper") != "executor":

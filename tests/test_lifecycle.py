@@ -3,6 +3,7 @@ import logging
 import random
 import threading
 
+import psutil
 import pytest
 import torch
 
@@ -177,11 +178,16 @@ def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_
         import time
 
         deadline = time.monotonic() + 120
-        while not any(e["event"] == "helper_preloaded" for e in events) and time.monotonic() < deadline:
+        while not any(e["event"] == "forkserver_preloaded" for e in events) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not run.done and not run.tickets  # nothing planned yet
+        # One import, in the fork server; helpers are forked from it afterwards and share it.
+        (forkserver,) = [e["pid"] for e in events if e["event"] == "forkserver_ready"]
+        assert marker.read_text().split() == [str(forkserver)]
+        while not session.triton.pool.helper_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
         (helper_pid,) = session.triton.pool.helper_pids().values()
-        assert marker.read_text().split() == [str(helper_pid)]
+        assert psutil.Process(helper_pid).ppid() == forkserver
     finally:
         gate.set()
     assert session.wait_ready(timeout=300)
@@ -198,7 +204,9 @@ def test_preload_at_session_start_from_the_environment(tmp_path, monkeypatch):
     session.stats.subscribe(events.append)
     with session:  # starts the helpers; no plan, no request
         deadline = time.monotonic() + 120
-        while not any(e["event"] == "helper_preloaded" for e in events) and time.monotonic() < deadline:
+        while not any(e["event"] == "helper_ready" for e in events) and time.monotonic() < deadline:
             time.sleep(0.05)
-    (event,) = [e for e in events if e["event"] == "helper_preloaded"]
+    # The fork server imported them before it forked the helper.
+    (event,) = [e for e in events if e["event"] == "forkserver_preloaded"]
     assert event["modules"] == 2 and event["failed"] == []
+    assert [e["event"] for e in events if "ready" in e["event"]] == ["forkserver_ready", "helper_ready"]

@@ -190,3 +190,68 @@ def test_a_helper_that_cannot_start_is_reported(triton_cache, pools, caplog):
     assert not pool.may_get_helpers()
     assert any("failed to start" in r.getMessage() for r in caplog.records)
     assert any("starts failed in a row" in r.getMessage() for r in caplog.records)
+
+
+def import_probe(tmp_path, monkeypatch) -> tuple[str, object]:
+    """A module that appends the pid of every process importing it to a file."""
+    marker = tmp_path / "imported-by"
+    module_dir = tmp_path / "mods"
+    (module_dir / "tests_import_probe").mkdir(parents=True)
+    (module_dir / "tests_import_probe" / "__init__.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
+    monkeypatch.syspath_prepend(str(module_dir))  # helpers get the pool's sys.path
+    return "tests_import_probe", marker
+
+
+def test_forked_helpers_share_one_import_of_the_preloaded_modules(triton_cache, pools, tmp_path, monkeypatch):
+    probe, marker = import_probe(tmp_path, monkeypatch)
+    pool = make_pool(triton_cache, workers=2)
+    pools.append(pool)
+    pool.preload([probe])
+    pool.start()
+    tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in add_requests([16, 32, 64, 128])]
+    assert all(t.wait(120) is State.DONE for t in tickets)
+    (server,) = [e for e in pool.events if e["event"] == "forkserver_ready"]
+    assert server["info"]["nice"] == 19 and server["info"]["cuda_visible_devices"] == ""
+    assert marker.read_text().split() == [str(server["pid"])]  # imported once, by the fork server
+    ready = [e for e in pool.events if e["event"] == "helper_ready"]
+    assert len(ready) == 2 and all(e["info"]["forked_from"] == server["pid"] for e in ready)
+    assert {t.result.builder for t in tickets} <= {"helper-0", "helper-1"}
+    # A module preloaded later is imported by the fork server, and idle helpers are replaced by fresh forks.
+    pool.preload(["tests.kernels.basic"])
+    deadline = time.monotonic() + 60
+    while sum(e["event"] == "helper_ready" for e in pool.events) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [e["modules"] for e in pool.events if e["event"] == "forkserver_preloaded"] == [1, 1]
+    assert not any(e["event"] == "helper_preloaded" for e in pool.events)
+    pids = [*pool.helper_pids().values(), server["pid"]]
+    pool.close()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_a_killed_fork_server_is_replaced_and_builds_go_on(triton_cache, pools):
+    pool = make_pool(triton_cache, workers=1, backoff_initial=0.05)
+    pools.append(pool)
+    pool.start()
+    first, second = add_requests([16, 32])
+    assert pool.submit(first.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
+    (server,) = [e["pid"] for e in pool.events if e["event"] == "forkserver_ready"]
+    (helper,) = pool.helper_pids().values()
+    psutil.Process(server).kill()
+    psutil.Process(helper).wait(10)  # a forked helper follows its fork server (it watches its parent)
+    # The slot starts a new fork server and a new helper from it.
+    assert pool.submit(second.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
+    servers = [e["pid"] for e in pool.events if e["event"] == "forkserver_ready"]
+    assert len(servers) == 2 and servers[0] == server
+    assert helper not in pool.helper_pids().values()
+
+
+def test_spawn_mode_starts_each_helper_as_its_own_interpreter(triton_cache, pools):
+    pool = make_pool(triton_cache, workers=1, start_mode="spawn")
+    pools.append(pool)
+    pool.start()
+    (ticket,) = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in add_requests([32])]
+    assert ticket.wait(120) is State.DONE
+    assert not any(e["event"].startswith("forkserver") for e in pool.events)
+    (helper,) = pool.helper_pids().values()
+    assert psutil.Process(helper).ppid() == os.getpid()

@@ -83,6 +83,19 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
 
 
+HELPER_START_MODES = ("fork", "spawn")
+
+
+def helper_start_mode() -> str:
+    """JIT_AHEAD_HELPER_START: ``fork`` (default) starts one fork server that imports Triton and the kernel
+    libraries once and forks every helper from it; ``spawn`` starts each helper as its own interpreter."""
+    raw = os.environ.get("JIT_AHEAD_HELPER_START", "fork").strip().lower() or "fork"
+    if raw not in HELPER_START_MODES:
+        log.error("JIT_AHEAD_HELPER_START=%r is not one of %s; using fork", raw, "|".join(HELPER_START_MODES))
+        return "fork"
+    return raw
+
+
 GUARD_MODES = ("off", "warn", "error")
 
 

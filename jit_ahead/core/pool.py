@@ -13,7 +13,6 @@ import itertools
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from .device_view import DeviceView
+from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import helper_environment
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
@@ -57,15 +57,22 @@ class Ewma:
         self.samples += 1
 
 
-class _Helper:
-    """One running helper process and the parent's ends of its two pipes."""
+# What a slot's time with one helper ended in: the slot restarts at once after REFRESH (a fresh fork that
+# has the newly preloaded modules), after a backoff otherwise.
+BUILT, IDLE, REFRESH = "built", "idle", "refresh"
 
-    def __init__(self, name: str, proc: subprocess.Popen, to_helper, from_helper) -> None:
+
+class _Helper:
+    """One running helper process (spawned, or forked by the fork server) and the parent's pipe ends."""
+
+    def __init__(self, name: str, proc, to_helper, from_helper, *, forked: bool = False,
+                 sent_preload: int = 0) -> None:
         self.name = name
-        self.proc = proc
+        self.proc = proc  # subprocess.Popen or forkserver.ForkedProcess
         self.to_helper = to_helper
         self.from_helper = from_helper
-        self.sent_preload = 0  # how many of the pool's preload modules this helper was sent
+        self.forked = forked
+        self.sent_preload = sent_preload  # how many of the pool's preload modules this helper has
 
     @property
     def pid(self) -> int:
@@ -87,16 +94,7 @@ class _Helper:
         return read_message(self.from_helper)
 
     def describe_exit(self) -> str:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return "still running"
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        return describe_exit(self.proc)
 
     def wait_or_kill(self, timeout: float) -> None:
         """Wait for the process to exit; kill it after ``timeout`` (a half-built entry is never published:
@@ -122,13 +120,18 @@ class HelperPool:
     """Helpers for one family plus its request table.
 
     ``workers=0`` starts no helpers: requests stay queued and every miss builds in place.
+    ``start_mode="fork"`` forks helpers from one fork server that imports everything once;
+    ``"spawn"`` starts each helper as its own interpreter (also the fallback if the fork server fails).
     """
 
     def __init__(self, family: FamilySpec, *, workers: int, stats: Stats,
                  env_overrides: dict[str, str] | None = None, device_view: DeviceView | None = None,
                  python: str = sys.executable,
                  build_timeout: float = 600.0, start_timeout: float = 120.0, quarantine_after: int = 2,
-                 backoff_initial: float = 0.5, backoff_max: float = 30.0, max_start_failures: int = 5) -> None:
+                 backoff_initial: float = 0.5, backoff_max: float = 30.0, max_start_failures: int = 5,
+                 start_mode: str = "fork") -> None:
+        if start_mode not in ("fork", "spawn"):
+            raise ValueError(f"start_mode must be 'fork' or 'spawn', not {start_mode!r}")
         self.family = family
         self.workers = workers
         self.stats = stats
@@ -153,6 +156,12 @@ class HelperPool:
         self._preload: list[str] = []
         self._bad_preloads: set[str] = set()
         self._job_ids = itertools.count(1)
+        self._forking = start_mode == "fork" and hasattr(os, "fork")
+        self._forkserver: ForkServer | None = None
+        self._forkserver_lock = threading.Lock()  # held while it starts or imports
+        self._forkserver_preloaded = 0  # how many of self._preload the fork server has imported
+        self._forkserver_deaths = 0
+        self._max_forkserver_deaths = 3  # then every helper is spawned
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -182,6 +191,7 @@ class HelperPool:
             helper.wait_or_kill(max(0.0, deadline - time.monotonic()))
         for thread in self._threads:
             thread.join(timeout=grace + 1)
+        self._close_forkserver(max(0.0, deadline - time.monotonic()))
 
     def retire_when_idle(self) -> None:
         """Serving has started: each helper exits once nothing is queued (it holds host memory); misses
@@ -259,6 +269,9 @@ class HelperPool:
         finally:
             with self._lock:
                 self._slots_running -= 1
+                last = self._slots_running == 0
+            if last:  # no helper will be forked again: give its memory back
+                self._close_forkserver(5.0)
             self.table.notify()  # launches waiting on queued work re-decide: this slot is gone
 
     def _run_slot(self, slot: int) -> None:
@@ -283,8 +296,10 @@ class HelperPool:
                     break
             else:
                 failures = 0
+                outcome = IDLE
                 try:
-                    if self._serve(helper):
+                    outcome = self._serve(helper)
+                    if outcome != IDLE:
                         backoff = self._backoff_initial
                 finally:
                     with self._lock:
@@ -293,6 +308,8 @@ class HelperPool:
                 if self._retire.is_set() and helper.proc.returncode == 0:
                     self.stats.emit("helper_retired", family=self.family.name, helper=helper.name)
                     break
+                if outcome == REFRESH:
+                    continue
             self.table.notify()  # launches waiting on queued work re-decide: a helper went away
             if self._closed.wait(backoff):
                 break
@@ -300,6 +317,14 @@ class HelperPool:
 
     def _start_helper(self, slot: int) -> _Helper | None:
         name = f"helper-{slot}"
+        if self._forking:
+            try:
+                return self._fork_helper(name)
+            except ForkServerGone as exc:
+                self._stop_forking(f"the fork server {exc}")
+        return self._spawn_helper(name)
+
+    def _spawn_helper(self, name: str) -> _Helper | None:
         t0 = time.perf_counter()
         to_parent_r, to_parent_w = os.pipe()
         to_helper_r, to_helper_w = os.pipe()
@@ -319,31 +344,138 @@ class HelperPool:
         os.close(to_parent_w)
         helper = _Helper(name, proc, os.fdopen(to_helper_w, "wb", buffering=0),
                          os.fdopen(to_parent_r, "rb", buffering=0))
+        if not helper.send(self._configure_message()):
+            return self._handshake(helper, t0, None)
+        return self._handshake(helper, t0, self._start_timeout)
+
+    def _fork_helper(self, name: str) -> _Helper | None:
+        """A helper forked from the fork server, which has imported everything preloaded so far."""
+        with self._forkserver_lock:
+            server = self._forkserver_with_preloads()
+            t0 = time.perf_counter()
+            proc, to_helper, from_helper = server.fork(name)
+            helper = _Helper(name, proc, to_helper, from_helper, forked=True,
+                             sent_preload=self._forkserver_preloaded)
+        return self._handshake(helper, t0, self._start_timeout)
+
+    def _handshake(self, helper: _Helper, t0: float, timeout: float | None) -> _Helper | None:
+        """Wait for the helper's Ready; None (and the helper stopped) if it does not come."""
         ready = None
-        if helper.send(Configure(sys_path=tuple(sys.path), builder=self.family.builder,
-                                 device_view=self._device_view)):
+        if timeout is not None:
             try:
-                ready = helper.receive(self._start_timeout)
+                ready = helper.receive(timeout)
             except (TimeoutError, ProtocolError, EOFError):
                 ready = None
         if not isinstance(ready, Ready):
             reason = "no handshake" if ready is None else f"unexpected {type(ready).__name__}"
-            log.error("%s %s (pid %d) failed to start: %s, %s", self.family.name, name, proc.pid, reason,
-                      helper.describe_exit() if proc.poll() is not None else "killed")
+            log.error("%s %s (pid %d) failed to start: %s, %s", self.family.name, helper.name, helper.pid, reason,
+                      helper.describe_exit() if helper.proc.poll() is not None else "killed")
             helper.stop(0.0)
             return None
-        self.stats.emit("helper_ready", family=self.family.name, helper=name, pid=proc.pid,
+        self.stats.emit("helper_ready", family=self.family.name, helper=helper.name, pid=helper.pid,
                         seconds=time.perf_counter() - t0, info=ready.info)
-        log.debug("%s %s ready (pid %d) in %.2fs", self.family.name, name, proc.pid, time.perf_counter() - t0)
+        log.debug("%s %s ready (pid %d) in %.2fs", self.family.name, helper.name, helper.pid,
+                  time.perf_counter() - t0)
         return helper
 
-    def _send_preloads(self, helper: _Helper) -> bool:
-        """Send the preload modules this helper has not seen; False if it died importing them."""
+    def _configure_message(self) -> Configure:
+        return Configure(sys_path=tuple(sys.path), builder=self.family.builder, device_view=self._device_view)
+
+    # -- the fork server ------------------------------------------------------------------------------------
+    def _forkserver_with_preloads(self) -> ForkServer:
+        """The running fork server, started if need be, having imported every module preloaded so far.
+        Called with _forkserver_lock held; raises ForkServerGone."""
+        server = self._forkserver
+        if self._closed.is_set() or not self._forking:
+            raise ForkServerGone("is not started: the pool is closing or retired")
+        if server is not None and not server.alive:
+            self._forkserver_deaths += 1
+            log.warning("%s: the fork server (pid %d) exited (%s)", self.family.name, server.process.pid,
+                        describe_exit(server.process))
+            server.close(0.0)
+            if self._forkserver_deaths >= self._max_forkserver_deaths:
+                raise ForkServerGone(f"exited {self._forkserver_deaths} times")
+            server = self._forkserver = None  # its helpers run on; new ones come from a new fork server
+        if server is None:
+            self._forkserver_preloaded = 0  # a new fork server imports every (good) preload module again
+            server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
+                                build_timeout=self._build_timeout)
+            t0 = time.perf_counter()
+            ready = server.start(self._configure_message())
+            self.stats.emit("forkserver_ready", family=self.family.name, helper="forkserver", pid=ready.pid,
+                            seconds=time.perf_counter() - t0, info=ready.info)
+            with self._lock:
+                keep = self._forking
+                if keep:
+                    self._forkserver = server
+            if not keep:  # closed while it started
+                server.close(0.0)
+                raise ForkServerGone("is not needed any more: the pool is closing or retired")
+        with self._lock:
+            upto = len(self._preload)
+            new = tuple(m for m in self._preload[self._forkserver_preloaded:upto] if m not in self._bad_preloads)
+        if new:
+            t0 = time.perf_counter()
+            try:
+                reply = server.preload(new)
+            except ForkServerGone as exc:
+                # It died importing one of these: never preload them again (a build that needs one imports
+                # it inside the job, where a crash is charged to that request); start a new fork server.
+                with self._lock:
+                    self._bad_preloads.update(new)
+                log.warning("%s: the fork server died while preloading %s (%s); those modules will not be "
+                            "preloaded", self.family.name, ", ".join(new), exc)
+                self._forkserver_deaths += 1
+                server.close(0.0)
+                if self._forkserver_deaths >= self._max_forkserver_deaths:
+                    raise
+                self._forkserver = None
+                return self._forkserver_with_preloads()
+            self._report_preload("forkserver", new, reply, t0, event="forkserver_preloaded")
+        self._forkserver_preloaded = upto
+        return server
+
+    def _refresh_forkserver(self) -> bool:
+        """Have the fork server import what was preloaded since; False if forking had to stop."""
+        try:
+            with self._forkserver_lock:
+                self._forkserver_with_preloads()
+            return True
+        except ForkServerGone as exc:
+            self._stop_forking(f"the fork server {exc}")
+            return False
+
+    def _stop_forking(self, why: str) -> None:
+        with self._forkserver_lock:
+            if not self._forking:
+                return
+            self._forking = False
+        if not self._closed.is_set():
+            log.error("%s: %s; starting each helper as its own process from now on", self.family.name, why)
+        self._close_forkserver(0.0)
+
+    def _close_forkserver(self, grace: float) -> None:
+        # Not under _forkserver_lock, which a slot holds while the fork server imports: a slot still using
+        # this server sees its requests fail and stops forking.
+        with self._lock:
+            server, self._forkserver = self._forkserver, None
+            self._forking = False  # a closed or retired pool forks no more
+        if server is not None:
+            server.close(grace)
+
+    def _send_preloads(self, helper: _Helper) -> str | None:
+        """Bring the helper's imports up to the pool's preload list. A forked helper is replaced by a fresh
+        fork once the fork server has imported the new modules (REFRESH); a spawned one imports them
+        itself. IDLE if it died importing them; None when it is up to date."""
         with self._lock:
             new = tuple(m for m in self._preload[helper.sent_preload:] if m not in self._bad_preloads)
-            helper.sent_preload = len(self._preload)
+            if not helper.forked:
+                helper.sent_preload = len(self._preload)
         if not new:
-            return True
+            return None
+        if helper.forked:
+            self._refresh_forkserver()
+            return REFRESH
         reply = None
         t0 = time.perf_counter()
         if helper.send(Preload(new)):
@@ -352,29 +484,37 @@ class HelperPool:
             except (TimeoutError, ProtocolError):
                 helper.proc.kill()
         if isinstance(reply, PreloadDone):
-            for module, error in reply.failed.items():
-                log.warning("%s %s could not preload %s (%s); its builds will report the error",
-                            self.family.name, helper.name, module, error)
-            self.stats.emit("helper_preloaded", family=self.family.name, helper=helper.name, modules=len(new),
-                            failed=sorted(reply.failed), seconds=time.perf_counter() - t0)
-            return True
+            self._report_preload(helper.name, new, reply, t0)
+            return None
         # The helper died importing one of these: never preload them again; a build that needs one
         # imports it inside the job, where a crash is charged to that request (and can quarantine it).
         with self._lock:
             self._bad_preloads.update(new)
         log.warning("%s %s (pid %d) died while preloading %s (%s); those modules will not be preloaded",
                     self.family.name, helper.name, helper.pid, ", ".join(new), helper.describe_exit())
-        return False
+        return IDLE
 
-    def _serve(self, helper: _Helper) -> bool:
-        """Feed ``helper`` jobs until it dies or the pool closes; True if it finished a build."""
-        built = False
+    def _report_preload(self, who: str, modules: tuple[str, ...], reply: PreloadDone, t0: float,
+                        event: str = "helper_preloaded") -> None:
+        for module, error in reply.failed.items():
+            log.warning("%s %s could not preload %s (%s); its builds will report the error",
+                        self.family.name, who, module, error)
+        self.stats.emit(event, family=self.family.name, helper=who, modules=len(modules),
+                        failed=sorted(reply.failed), seconds=time.perf_counter() - t0)
+
+    def _serve(self, helper: _Helper) -> str:
+        """Feed ``helper`` jobs until it dies, needs replacing or the pool closes: BUILT if it finished a
+        build, REFRESH if a fresh fork should take its place, IDLE otherwise."""
+        built = IDLE
         while not self._closed.is_set():
             if helper.proc.poll() is not None:
                 log.warning("%s %s (pid %d) exited while idle (%s); starting a new one", self.family.name,
                             helper.name, helper.pid, helper.describe_exit())
                 return built
-            if not self._send_preloads(helper):
+            outdated = self._send_preloads(helper)
+            if outdated == REFRESH:
+                return REFRESH
+            if outdated is not None:
                 return built
             ticket = self.table.take_next(helper.name, timeout=0.2)
             if ticket is None:
@@ -382,7 +522,7 @@ class HelperPool:
                     return built  # serving: nothing queued, so give the host memory back
                 continue
             alive = self._run_job(helper, ticket)
-            built = built or alive
+            built = BUILT if alive else built
             if not alive:
                 return built
         return built

@@ -61,6 +61,27 @@ class Shutdown:
     pass
 
 
+# -- the fork server: one helper process that imports once and forks the helpers ----------------------------
+@dataclass(frozen=True)
+class Fork:
+    """Fork a helper. The helper's two pipe ends follow this frame as SCM_RIGHTS on one byte."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Forked:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Sent by the fork server, unasked, when it reaped one of its helpers."""
+
+    pid: int
+    returncode: int  # negative: killed by that signal, as subprocess reports it
+
+
 class ProtocolError(RuntimeError):
     pass
 

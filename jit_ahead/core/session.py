@@ -78,14 +78,17 @@ class Session:
         return run
 
     def wait_ready(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
-        """Wait until planning has queued everything and every request up to ``priority`` is settled
-        (built, failed or quarantined); True if that happened within ``timeout``."""
+        """Wait until planning and replay have queued everything and every request up to ``priority`` is
+        settled (built, failed or quarantined); True if that happened within ``timeout``. Replayed
+        variants are REPLAY: ``priority=Priority.REPLAY`` waits for them too."""
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
         if not all(run.wait(remaining()) for run in self._planning):
+            return False
+        if not all(family.wait_replay(remaining()) for family in self.families.values()):
             return False
         return all(family.pool.table.wait_settled(priority, remaining()) for family in self.families.values())
 
@@ -126,6 +129,8 @@ class Session:
             self._tally["built in helpers" if record.get("helper") != "executor" else "built in place"] += 1
         elif event == "executor_miss":
             self._tally[f"executor {record.get('outcome')}"] += 1
+        elif event == "replay" and record.get("variants"):
+            self._tally["replayed"] += record["variants"]
         elif event == "compile" and not record.get("cache_hit"):
             self._tally[f"executor compiles ({record.get('phase')})"] += 1
 

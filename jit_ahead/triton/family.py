@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 
 from triton import knobs
@@ -11,11 +12,14 @@ from ..core import device_view
 from ..core import knobs as core_knobs
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
+from ..core.records import KNOB as RECORD_KNOB
+from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
 from . import hook
 from .load import TritonExecutor
 from .plan import Capture, capture
+from .record import record_format
 from .request import FAMILY, TritonCompileRequest
 from .spec import on_disk
 
@@ -32,18 +36,30 @@ class TritonFamily:
                  preload: tuple[str, ...] | None = None) -> None:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
+        self.device_view = device_view.current()
         self.pool = HelperPool(
             SPEC, workers=core_knobs.worker_count(SPEC.workers_knob) if workers is None else workers,
-            stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, device_view=device_view.current(),
-            build_timeout=core_knobs.build_timeout_s())
+            stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, device_view=self.device_view,
+            build_timeout=core_knobs.build_timeout_s(), start_mode=core_knobs.helper_start_mode())
         self.pool.preload(core_knobs.preload_modules(SPEC.preload_knob) if preload is None else preload)
         self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout,
                                        guard=core_knobs.guard_mode())
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._previous_listener = None
+        # JIT_AHEAD_RECORD_DIR: variants seen before the records are open wait in _unrecorded.
+        self.records: RecordFolder | None = None
+        self._records_lock = threading.Lock()
+        self._unrecorded: list[TritonCompileRequest] | None = None
+        self._replay_thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.pool.start()
+        if os.environ.get(RECORD_KNOB, "").strip():
+            self._unrecorded = []
+            self.executor.recorder = self._record
+            self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
+                                                   name="jit_ahead-triton-replay")
+            self._replay_thread.start()
         hook.install(self._on_miss)
         self._previous_listener = knobs.compilation.listener
         knobs.compilation.listener = self._on_compile
@@ -53,15 +69,58 @@ class TritonFamily:
         return capture(target)
 
     def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
-               priority: Priority = Priority.BACKGROUND) -> list[Ticket]:
+               priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
         """Queue what is not on disk yet; helpers preload the kernels' modules before building."""
         if isinstance(requests, Capture):
             requests = requests.requests
         requests = list(requests)
-        self.executor.note_planned(requests)
+        self.executor.note_planned(requests, source)
         missing = [r for r in requests if not on_disk(r.predicted_hash, r.name)]
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
+
+    # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
+    def _open_records_and_replay(self) -> None:
+        """Read the matching records of every rank and queue their variants at REPLAY, then record."""
+        try:
+            folder = record_folder(record_format(self.device_view.triton_target))
+            replayed = folder.read() if folder is not None else []
+            tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
+            self.pool.stats.emit("replay", family=FAMILY, folder=str(folder.folder) if folder else None,
+                                 variants=len(replayed), queued=len(tickets), file=str(folder.path) if folder else None)
+            if replayed:
+                log.info("triton: replaying %d recorded variants (%d not on disk yet) from %s", len(replayed),
+                         len(tickets), folder.folder)
+        except Exception:  # records are an optimisation: the server runs on without them
+            log.exception("triton: %s could not be read; no replay, no recording", RECORD_KNOB)
+            folder = None
+        with self._records_lock:
+            self.records = folder if folder is not None and folder.usable else None
+            pending, self._unrecorded = self._unrecorded or [], None
+        if self.records is not None and pending:
+            self.records.add(pending)
+
+    def wait_replay(self, timeout: float | None = None) -> bool:
+        """Wait until the records are read and their variants queued; True if that happened in time."""
+        thread = self._replay_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def _record(self, request: TritonCompileRequest) -> None:
+        """Every variant this process compiled or loaded, once (the executor's first launch of it)."""
+        if not is_dotted_name(request.module) or "<locals>" in request.qualname or request.module == "__main__":
+            return  # a helper could not import it, so it cannot be replayed
+        with self._records_lock:
+            if self._unrecorded is not None:
+                self._unrecorded.append(request)
+                return
+            records = self.records
+        header = records.format.header if records is not None else None
+        if header is not None and tuple(header["target"]) == tuple(request.target) \
+                and sorted(map(tuple, header["env"])) == sorted(request.env):  # what the header pins
+            records.add([request])
 
     def _on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
         """Triton's compilation listener: every compile() of this process, a disk hit or a real compile."""
@@ -76,6 +135,10 @@ class TritonFamily:
 
     def close(self, grace: float = 2.0) -> None:
         hook.clear_miss_handler(self._on_miss)
+        if self._replay_thread is not None:
+            self._replay_thread.join(timeout=grace)
+        if self.records is not None:
+            self.records.close()
         if knobs.compilation.listener == self._on_compile:
             knobs.compilation.listener = self._previous_listener
         self.pool.close(grace)

@@ -47,10 +47,12 @@ class TritonExecutor:
         self._lock = threading.Lock()
         self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
         self._planned_keys: set[str] = set()
+        self.recorder = None  # called with each variant this process launches for the first time
 
-    def note_planned(self, requests) -> None:
-        """Remember planned variants, to name what differs when an unplanned one compiles; each new one
-        goes to the stats log once (the coverage report compares against them)."""
+    def note_planned(self, requests, source: str = "plan") -> None:
+        """Remember planned (or recorded: ``source="record"``) variants, to name what differs when an
+        unplanned one compiles; each new one goes to the stats log once (the coverage report compares
+        against them)."""
         new = []
         with self._lock:
             for request in requests:
@@ -61,7 +63,7 @@ class TritonExecutor:
                     new.append(request)
         for request in new:
             self.pool.stats.emit("variant", family="triton", key=request.predicted_hash, kernel=_kernel(request),
-                                 label=request.label, spec=request.specialization_data)
+                                 label=request.label, spec=request.specialization_data, source=source)
 
     def explain(self, request) -> str:
         """How an unplanned variant differs from the nearest planned variant of its kernel."""
@@ -89,6 +91,8 @@ class TritonExecutor:
     def on_miss(self, *, fn, compile: dict) -> None:
         t0 = time.perf_counter()
         request = request_from_hook(fn, compile)
+        if self.recorder is not None:
+            self.recorder(request)
         stats = self.pool.stats
         if on_disk(request.predicted_hash, request.name):
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,

@@ -50,7 +50,7 @@ def serial_arm(requests) -> float:
     return time.perf_counter() - t0
 
 
-def pool_arm(requests, workers: int) -> dict:
+def pool_arm(requests, workers: int, start: str) -> dict:
     from jit_ahead.core import device_view
     from jit_ahead.core.pool import HelperPool
     from jit_ahead.core.priority import Priority
@@ -62,12 +62,14 @@ def pool_arm(requests, workers: int) -> dict:
     events: list[dict] = []
     stats.subscribe(events.append)
     pool = HelperPool(SPEC, workers=workers, stats=stats, env_overrides={"TRITON_CACHE_DIR": cache},
-                      device_view=device_view.current())
+                      device_view=device_view.current(), start_mode=start)
     pool.preload(sorted({r.module for r in requests}))
     started, started_wall = time.perf_counter(), time.time()
     pool.start()
-    # Throughput is measured from helpers that are up and have imported the kernel modules.
-    while sum(e["event"] == "helper_preloaded" for e in events) < workers:
+    # Throughput is measured from helpers that are up and have imported the kernel modules. Forked helpers
+    # come from a fork server that imported them first (the preload list is set before the start).
+    ready_event = "helper_ready" if start == "fork" else "helper_preloaded"
+    while sum(e["event"] == ready_event for e in events) < workers:
         time.sleep(0.01)
     ready = time.perf_counter()
     tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in requests]
@@ -77,7 +79,7 @@ def pool_arm(requests, workers: int) -> dict:
     first_finish = min(e["time"] for e in events if e["event"] == "build_finish")
     pool.close()
     failed = [t.result.error for t in tickets if not t.result.ok]
-    return {"workers": workers, "build_wall_s": done - ready, "ready_s": ready - started,
+    return {"workers": workers, "start": start, "build_wall_s": done - ready, "ready_s": ready - started,
             "first_build_after_start_s": first_finish - started_wall,
             "helper_build_s_sum": sum(t.result.seconds for t in tickets), "failed": len(failed),
             "first_error": failed[0][-500:] if failed else None}
@@ -98,6 +100,7 @@ def main() -> int:
     parser.add_argument("--workers", default="", help="comma-separated N to run (default 1, 2, 4, ... max)")
     parser.add_argument("--no-second-serial", action="store_true", help="skip the closing serial arm")
     parser.add_argument("--every", type=int, default=1, help="use every K-th planned variant (a spread sample)")
+    parser.add_argument("--start", default="fork", help="helper start modes to run, comma-separated: fork,spawn")
     args = parser.parse_args()
 
     from jit_ahead import examples
@@ -119,13 +122,14 @@ def main() -> int:
     arms: list[dict] = []
     counts = [int(n) for n in args.workers.split(",")] if args.workers else worker_counts(args.max_workers)
     for workers in counts:
-        arm = pool_arm(requests, workers)
-        arm["speedup"] = serial_first / arm["build_wall_s"]
-        arm["efficiency"] = arm["speedup"] / workers
-        arms.append(arm)
-        print(f"N={workers}: {arm['build_wall_s']:.1f}s (ready {arm['ready_s']:.1f}s, failed {arm['failed']})",
-              flush=True)
-        write_report(args.out, info, len(requests), [serial_first], arms)  # partial results survive a timeout
+        for start in args.start.split(","):
+            arm = pool_arm(requests, workers, start)
+            arm["speedup"] = serial_first / arm["build_wall_s"]
+            arm["efficiency"] = arm["speedup"] / workers
+            arms.append(arm)
+            print(f"N={workers} {start}: {arm['build_wall_s']:.1f}s (ready {arm['ready_s']:.1f}s, "
+                  f"failed {arm['failed']})", flush=True)
+            write_report(args.out, info, len(requests), [serial_first], arms)  # partial results survive a timeout
     serials = [serial_first]
     if not args.no_second_serial:
         serials.append(serial_arm(requests))
@@ -149,10 +153,10 @@ def write_report(out: str, info: dict, variants: int, serials: list[float], arms
              f"{variants} Liger-Kernel and flash-linear-attention variants for sm_90, each arm into an empty "
              f"cache. Serial in-process compile: {', '.join(f'{s:.1f}s' for s in serials)} (first and last arm; "
              f"speed-ups use the mean {serial:.1f}s).", "",
-             "| helpers N | build wall (s) | speed-up vs serial | speed-up / N | helpers ready + preloaded (s) "
-             "| first build after start (s) | failed |", "|---|---|---|---|---|---|---|"]
+             "| helpers N | start | build wall (s) | speed-up vs serial | speed-up / N | helpers ready + preloaded (s) "
+             "| first build after start (s) | failed |", "|---|---|---|---|---|---|---|---|"]
     for arm in arms:
-        lines.append(f"| {arm['workers']} | {arm['build_wall_s']:.2f} | {arm['speedup']:.2f} | "
+        lines.append(f"| {arm['workers']} | {arm.get('start', 'spawn')} | {arm['build_wall_s']:.2f} | {arm['speedup']:.2f} | "
                      f"{arm['efficiency']:.2f} | {arm['ready_s']:.2f} | {arm['first_build_after_start_s']:.2f} | "
                      f"{arm['failed']} |")
     lines += ["", "Raw numbers: `build_throughput.json` beside this file. Rerun: "

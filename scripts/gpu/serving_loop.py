@@ -100,7 +100,8 @@ def _milestones(timeline: list[tuple]) -> dict:
         return sorted(t for name, t, *_ in timeline if name == event)
 
     out = {}
-    for event in ("helper_ready", "helper_preloaded", "build_finish", "planned"):
+    for event in ("forkserver_ready", "forkserver_preloaded", "helper_ready", "helper_preloaded", "build_finish",
+                  "planned"):
         found = times(event)
         if found:
             out[event] = {"first_s": found[0], "last_s": found[-1], "count": len(found)}

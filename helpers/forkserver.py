@@ -1,0 +1,131 @@
+"""The fork server: ``python -m jit_ahead_helpers.forkserver SOCKET_FD``.
+
+Starting fifteen helpers that each import torch, Triton and a kernel library costs fifteen imports at
+the moment the server is loading its own model. The fork server imports once (Configure, then each
+Preload) and forks ready helpers on request (Fork): each is ready in milliseconds and shares the
+imported pages copy-on-write. The server's control socket carries framed messages both ways, each
+new helper's two pipe ends (SCM_RIGHTS), and Exited notices for the helpers this process reaps.
+
+The fork server keeps no threads of its own, so forking is safe; a helper starts with the same
+nice 19, hidden GPU and device view, and runs the same loop as a spawned one (``worker.serve``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import sys
+import time
+import traceback
+
+from jit_ahead.core.protocol import (Configure, Exited, Fork, Forked, Preload, Ready, Shutdown, read_message,
+                                     write_message)
+from jit_ahead_helpers import worker
+
+log = logging.getLogger("jit_ahead.helper.forkserver")
+
+_POLL_S = 0.2  # how often the server reaps helpers and checks its own parent while idle
+
+
+class _Control:
+    """The fork server's end of its socket: exact reads (so the byte carrying a helper's descriptors is
+    never read as data) and whole-message writes."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = socket.socket(fileno=fd)
+        self.inbox = self.sock.makefile("rb", buffering=0)
+        self.outbox = self.sock.makefile("wb")
+
+    def receive(self):
+        return read_message(self.inbox)
+
+    def close(self) -> None:
+        for part in (self.inbox, self.outbox, self.sock):  # the descriptor closes with the last of them
+            part.close()
+
+    def send(self, message) -> None:
+        write_message(self.outbox, message)
+
+    def receive_fds(self, count: int) -> list[int]:
+        _, fds, _, _ = socket.recv_fds(self.sock, 1, count)
+        if len(fds) != count:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"expected {count} descriptors with a Fork, got {len(fds)}")
+        return fds
+
+
+def _reap(control: _Control) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        control.send(Exited(pid, os.waitstatus_to_exitcode(status)))
+
+
+def _run_helper(control: _Control, inbox_fd: int, outbox_fd: int, builder, prepared: dict) -> int:
+    """In the forked child: become an ordinary helper on the two pipes the pool made for it."""
+    t0 = time.perf_counter()
+    control.close()  # the fork server's channel is not the helper's business
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
+                        format=f"[jit_ahead helper {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    worker.exit_with_parent(os.getppid())
+    inbox = os.fdopen(inbox_fd, "rb", buffering=0)
+    outbox = os.fdopen(outbox_fd, "wb", buffering=0)
+    write_message(outbox, Ready(os.getpid(), time.perf_counter() - t0,
+                                {**worker.describe_self(), **prepared, "forked_from": os.getppid()}))
+    return worker.serve(inbox, outbox, builder)
+
+
+def _fork(control: _Control, builder, prepared: dict) -> None:
+    inbox_fd, outbox_fd = control.receive_fds(2)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _run_helper(control, inbox_fd, outbox_fd, builder, prepared)
+        except BaseException:  # noqa: BLE001 - a helper must never return into the fork server's loop
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(inbox_fd)
+    os.close(outbox_fd)
+    control.send(Forked(pid))
+
+
+def main(argv: list[str]) -> int:
+    worker.set_up_logging()
+    worker.lower_priority()
+    parent = os.getppid()
+    control = _Control(int(argv[1]))
+    config = control.receive()
+    if not isinstance(config, Configure):
+        log.error("expected Configure first, got %r", type(config).__name__)
+        return 2
+    t0 = time.perf_counter()
+    builder, prepared = worker.configure(config)
+    control.send(Ready(os.getpid(), time.perf_counter() - t0, {**worker.describe_self(), **prepared}))
+    while True:
+        readable, _, _ = select.select([control.sock], [], [], _POLL_S)
+        _reap(control)
+        if os.getppid() != parent:
+            return 0  # the server is gone; our helpers see us go and follow
+        if not readable:
+            continue
+        message = control.receive()
+        if message is None or isinstance(message, Shutdown):
+            return 0
+        if isinstance(message, Preload):
+            control.send(worker.preload(message.modules))
+        elif isinstance(message, Fork):
+            _fork(control, builder, prepared)
+        else:
+            log.error("ignoring unexpected message %r", type(message).__name__)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

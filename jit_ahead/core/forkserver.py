@@ -1,0 +1,241 @@
+"""The pool's side of the fork server (``jit_ahead_helpers.forkserver``).
+
+One helper-like process imports the builder and the kernel libraries once; every helper is then forked
+from it, ready in milliseconds, instead of fifteen interpreters importing torch and a kernel library
+while the server loads its model. The pool still talks to each helper over its own two pipes, exactly
+as with a spawned one; only starting, waiting and killing go through ``ForkedProcess``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
+                       read_message, write_message)
+
+log = logging.getLogger("jit_ahead.pool")
+
+FORKSERVER_ENTRY = "jit_ahead_helpers.forkserver"
+
+
+class ForkServerGone(RuntimeError):
+    pass
+
+
+class ForkedProcess:
+    """A helper forked by the fork server: the part of ``subprocess.Popen`` the pool uses. The fork
+    server reaps it and reports its exit status."""
+
+    def __init__(self, pid: int, server: "ForkServer") -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._server = server
+        self._exited = threading.Event()
+
+    def _set_exit(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        if not self._exited.is_set() and not self._server.alive and not _pid_running(self.pid):
+            self._set_exit(-signal.SIGKILL)  # its reaper is gone; the status is lost with it
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"forked helper {self.pid}", timeout)
+            self._exited.wait(0.1 if left is None else min(0.1, left))
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)  # still unreaped, so the pid is still this helper's
+            except ProcessLookupError:
+                pass
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class ForkServer:
+    """Start with ``start()``; ``preload()`` and ``fork()`` may be called from any slot thread."""
+
+    def __init__(self, *, python: str, env: dict[str, str], start_timeout: float, build_timeout: float) -> None:
+        self._python = python
+        self._env = env
+        self._start_timeout = start_timeout
+        self._build_timeout = build_timeout
+        self._request_lock = threading.Lock()  # one request at a time; its reply comes through _replies
+        self._replies: queue.Queue = queue.Queue()
+        self._children: dict[int, ForkedProcess] = {}
+        self._early_exits: dict[int, int] = {}  # Exited that came before the Forked reply was handled
+        self._children_lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._outbox = None
+        self._gone = threading.Event()
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self._proc
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self._gone.is_set() and self._proc.poll() is None
+
+    def start(self, config: Configure) -> Ready:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = subprocess.Popen(
+                [self._python, "-m", FORKSERVER_ENTRY, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                env=self._env, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True)
+        except OSError as exc:
+            ours.close()
+            raise ForkServerGone(f"could not be started ({exc})") from exc
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._outbox = ours.makefile("wb")
+        threading.Thread(target=self._read_loop, args=(ours.makefile("rb", buffering=0),), daemon=True,
+                         name="jit_ahead-forkserver-reader").start()
+        ready = self._request(config, self._start_timeout)
+        if not isinstance(ready, Ready):
+            self.close(0.0)
+            raise ForkServerGone(f"no handshake (got {type(ready).__name__})")
+        return ready
+
+    def preload(self, modules: tuple[str, ...]) -> PreloadDone:
+        reply = self._request(Preload(modules), self._build_timeout)
+        if not isinstance(reply, PreloadDone):
+            raise ForkServerGone(f"unexpected {type(reply).__name__} to Preload")
+        return reply
+
+    def fork(self, name: str):
+        """A new helper: (ForkedProcess, pipe to it, pipe from it). It sends Ready on its own pipe."""
+        to_helper_r, to_helper_w = os.pipe()
+        from_helper_r, from_helper_w = os.pipe()
+        try:
+            reply = self._request(Fork(name), self._start_timeout, fds=(to_helper_r, from_helper_w))
+        except ForkServerGone:
+            os.close(to_helper_w)
+            os.close(from_helper_r)
+            raise
+        finally:
+            os.close(to_helper_r)
+            os.close(from_helper_w)
+        if not isinstance(reply, Forked):
+            raise ForkServerGone(f"unexpected {type(reply).__name__} to Fork")
+        child = ForkedProcess(reply.pid, self)
+        with self._children_lock:
+            early = self._early_exits.pop(reply.pid, None)
+            if early is None:
+                self._children[reply.pid] = child
+        if early is not None:  # it died before its Forked reply was read
+            child._set_exit(early)
+        return child, os.fdopen(to_helper_w, "wb", buffering=0), os.fdopen(from_helper_r, "rb", buffering=0)
+
+    def close(self, grace: float) -> None:
+        """Ask the fork server to exit (its helpers are stopped first by the pool); kill it after grace."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            # A request in flight (an import) holds the lock: then there is nothing to wait for; kill.
+            if self._request_lock.acquire(timeout=0.1):
+                try:
+                    write_message(self._outbox, Shutdown())
+                except (OSError, ValueError):
+                    grace = 0.0
+                finally:
+                    self._request_lock.release()
+            else:
+                grace = 0.0
+            try:
+                self._proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._gone.set()
+        for part in (self._outbox, self._sock):
+            try:
+                part.close()
+            except OSError:
+                pass
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _request(self, message, timeout: float, fds: tuple[int, ...] = ()):
+        with self._request_lock:
+            if self._gone.is_set():
+                raise ForkServerGone("it has exited")
+            try:
+                write_message(self._outbox, message)
+                if fds:
+                    socket.send_fds(self._sock, [b"F"], list(fds))
+            except (OSError, ValueError) as exc:
+                raise ForkServerGone(f"its socket is closed ({exc})") from exc
+            try:
+                reply = self._replies.get(timeout=timeout)
+            except queue.Empty:
+                self._proc.kill()
+                raise ForkServerGone(f"no reply to {type(message).__name__} within {timeout:.0f}s; killed")
+            if reply is None:
+                raise ForkServerGone(f"exited ({self._describe_exit()})")
+            return reply
+
+    def _read_loop(self, inbox) -> None:
+        try:
+            while True:
+                message = read_message(inbox)
+                if message is None:
+                    break
+                if isinstance(message, Exited):
+                    with self._children_lock:
+                        child = self._children.pop(message.pid, None)
+                        if child is None:
+                            self._early_exits[message.pid] = message.returncode
+                    if child is not None:
+                        child._set_exit(message.returncode)
+                else:
+                    self._replies.put(message)
+        except (ProtocolError, OSError, ValueError) as exc:
+            log.error("fork server: broken control stream (%s)", exc)
+        finally:
+            self._gone.set()
+            self._replies.put(None)  # wakes a request waiting for its reply
+
+    def _describe_exit(self) -> str:
+        return describe_exit(self._proc)
+
+
+def describe_exit(proc) -> str:
+    """How a helper process (spawned or forked) ended, waiting a little for it."""
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,215 @@
+"""Records: the variants a process compiled or loaded, kept in ``JIT_AHEAD_RECORD_DIR`` for the next start.
+
+One JSON-lines file per family, header and rank: ``{family}-{header digest}-{rank}.jsonl``. The first
+line is the header, which pins what makes the entries valid (for Triton: its version and install key,
+the Python ABI, the target, the cache-invalidating environment); each further line is one variant,
+appended with a single ``write`` on an ``O_APPEND`` descriptor, so ranks never share a file and a
+crash loses at most the line being written. On start, every file of the family whose header equals this
+process's header is read and merged (deduplicated by key) across ranks and runs; a file whose header
+differs is ignored with one log line naming the difference.
+
+Replay imports the kernel modules that entries name, in helpers. So a folder or file that another user
+can write (group- or world-writable, or owned by someone else) is refused, and module names must be
+plain dotted identifiers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("jit_ahead.records")
+
+KNOB = "JIT_AHEAD_RECORD_DIR"
+FORMAT = 1
+
+# Variables launchers set to say which rank this process is, most specific first.
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def rank_tag(environ=os.environ) -> str:
+    for name in _RANK_VARS:
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return f"rank{int(value)}"
+    return "rank0"
+
+
+def header_digest(header: dict) -> str:
+    return hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_dotted_name(name: object) -> bool:
+    return isinstance(name, str) and bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def unsafe_because(path: Path, st: os.stat_result) -> str | None:
+    """Why another user could change what this path holds, or None."""
+    if st.st_uid not in (os.getuid(), 0):
+        return f"owned by uid {st.st_uid}, not by this user"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def describe_difference(theirs: dict, ours: dict) -> str:
+    names = sorted(set(theirs) | set(ours))
+    parts = [f"{name}: {theirs.get(name)!r} here {ours.get(name)!r}" for name in names
+             if theirs.get(name) != ours.get(name)]
+    return "; ".join(parts) if parts else "same fields, other encoding"
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """What a family contributes: its header and how one variant becomes a JSON entry and back.
+    ``decode`` raises (KeyError, TypeError, ValueError) on an entry it cannot use."""
+
+    family: str
+    header: dict
+    key_of: Callable[[object], str]
+    encode: Callable[[object], dict]
+    decode: Callable[[dict], object]
+
+
+class RecordFolder:
+    """This process's view of ``JIT_AHEAD_RECORD_DIR`` for one family: read the matching records, append
+    the variants this process compiled or loaded."""
+
+    def __init__(self, folder: str | os.PathLike, fmt: RecordFormat, rank: str | None = None) -> None:
+        self.folder = Path(folder).absolute()
+        self.format = fmt
+        self.header = {"jit_ahead_record": FORMAT, "family": fmt.family, **fmt.header}
+        self.digest = header_digest(self.header)
+        self.path = self.folder / f"{fmt.family}-{self.digest}-{rank or rank_tag()}.jsonl"
+        self._lock = threading.Lock()
+        self._written: set[str] = set()
+        self._fd: int | None = None
+        self.usable = self._check_folder()
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def read(self) -> list:
+        """The variants of every matching record in the folder (all ranks, all runs), deduplicated."""
+        if not self.usable:
+            return []
+        merged: dict[str, object] = {}
+        for path in sorted(self.folder.glob(f"{self.format.family}-*.jsonl")):
+            for item in self._read_file(path):
+                merged.setdefault(self.format.key_of(item), item)
+        return list(merged.values())
+
+    def _read_file(self, path: Path) -> list:
+        try:
+            with open(path, encoding="utf-8") as f:
+                why = unsafe_because(path, os.fstat(f.fileno()))
+                if why:
+                    log.error("record %s is %s; replay imports the modules it names, so it is ignored", path, why)
+                    return []
+                lines = f.read().splitlines()
+        except OSError as exc:
+            log.error("record %s cannot be read (%s); ignored", path, exc)
+            return []
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("jit_ahead_record") is None:
+            log.error("record %s has no jit_ahead header on its first line; ignored", path)
+            return []
+        if header != self.header:
+            log.warning("record %s does not match this process (%s); ignored", path,
+                        describe_difference(header, self.header))
+            return []
+        items, bad = [], 0
+        for line in lines[1:]:
+            try:
+                items.append(self.format.decode(json.loads(line)))
+            except (ValueError, KeyError, TypeError):
+                bad += 1  # a torn last line after a crash, or an edit by hand
+        if bad:
+            log.warning("record %s: %d unusable line(s) skipped, %d variants read", path, bad, len(items))
+        if path == self.path:
+            self._written.update(self.format.key_of(item) for item in items)
+        return items
+
+    # -- writing ----------------------------------------------------------------------------------------
+    def add(self, items: Iterable) -> int:
+        """Append the variants this file does not hold yet; returns how many were written."""
+        if not self.usable:
+            return 0
+        lines = []
+        with self._lock:
+            for item in items:
+                key = self.format.key_of(item)
+                if key not in self._written:
+                    self._written.add(key)
+                    lines.append(json.dumps(self.format.encode(item), sort_keys=True) + "\n")
+            if not lines:
+                return 0
+            try:
+                fd = self._open()
+                os.write(fd, "".join(lines).encode())
+            except OSError as exc:
+                log.error("cannot append to record %s (%s); recording stops", self.path, exc)
+                self.usable = False
+                return 0
+        return len(lines)
+
+    def _open(self) -> int:
+        if self._fd is None:
+            if not self.path.exists():
+                self._create_with_header()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+            why = unsafe_because(self.path, os.fstat(fd))
+            if why:
+                os.close(fd)
+                raise OSError(f"it is {why}")
+            self._fd = fd
+        return self._fd
+
+    def _create_with_header(self) -> None:
+        """The file appears with its header already in it (written aside, then linked into place), so a
+        second process with the same rank tag never sees it empty or writes a second header."""
+        aside = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, (json.dumps(self.header, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+        try:
+            os.link(aside, self.path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(aside)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def _check_folder(self) -> bool:
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.stat(self.folder)
+        except OSError as exc:
+            log.error("%s=%s cannot be used (%s); nothing is recorded or replayed", KNOB, self.folder, exc)
+            return False
+        why = unsafe_because(self.folder, st)
+        if why:
+            log.error("%s=%s is %s; replay imports the modules records name, so nothing is recorded or "
+                      "replayed", KNOB, self.folder, why)
+            return False
+        return True
+
+
+def record_folder(fmt: RecordFormat, raw: str | None = None) -> RecordFolder | None:
+    """The RecordFolder JIT_AHEAD_RECORD_DIR asks for, or None when it is unset or empty."""
+    raw = (os.environ.get(KNOB, "") if raw is None else raw).strip()
+    return RecordFolder(raw, fmt) if raw else None

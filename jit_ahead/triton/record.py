@@ -1,0 +1,57 @@
+"""The Triton family's records (``JIT_AHEAD_RECORD_DIR``): header fields and one entry per variant.
+
+An entry is a TritonCompileRequest as JSON: enough for a helper to rebuild the variant exactly. The
+header pins what the predicted hashes depend on besides the kernel source: Triton's version and install
+key, the Python ABI, the target and the cache-invalidating environment. A kernel whose source changed
+since it was recorded rebuilds under a new hash, which its helper reports as a hash mismatch.
+"""
+from __future__ import annotations
+
+import sysconfig
+
+import triton
+
+from ..core.records import RecordFormat, is_dotted_name
+from .request import FAMILY, TritonCompileRequest
+
+
+def _cache_invalidating_env() -> list[list[str]]:
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return sorted([k, v] for k, v in get_cache_invalidating_env_vars().items())
+
+
+def header(target: tuple[str, int, int]) -> dict:
+    from triton.runtime.cache import triton_key
+
+    return {"triton": triton.__version__, "triton_key": triton_key(),
+            "python_abi": sysconfig.get_config_var("SOABI") or "", "target": list(target),
+            "env": _cache_invalidating_env()}
+
+
+def encode(request: TritonCompileRequest) -> dict:
+    return {"module": request.module, "qualname": request.qualname, "name": request.name,
+            "spec": request.specialization_data, "hash": request.predicted_hash}
+
+
+def decode_for(target: tuple[str, int, int], env: list[list[str]]):
+    """Entries carry no target or environment of their own: the header they were read under pins both."""
+    env_pairs = tuple((k, v) for k, v in env)
+
+    def decode(entry: dict) -> TritonCompileRequest:
+        module, qualname, name = entry["module"], entry["qualname"], entry["name"]
+        if not (is_dotted_name(module) and is_dotted_name(qualname) and str(name).isidentifier()):
+            raise ValueError(f"not a kernel name: {module!r} {qualname!r}")
+        spec, digest = entry["spec"], entry["hash"]
+        if not (isinstance(spec, str) and isinstance(digest, str) and len(digest) == 64
+                and all(c in "0123456789abcdef" for c in digest)):
+            raise ValueError("bad specialization or hash")
+        return TritonCompileRequest(module, qualname, name, spec, tuple(target), env_pairs, digest)
+
+    return decode
+
+
+def record_format(target: tuple[str, int, int]) -> RecordFormat:
+    fields = header(target)
+    return RecordFormat(family=FAMILY, header=fields, key_of=lambda r: r.predicted_hash, encode=encode,
+                        decode=decode_for(tuple(fields["target"]), fields["env"]))

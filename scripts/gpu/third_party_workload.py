@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""A third-party Triton workload that no jit_ahead provider plans: flash-linear-attention's
+GatedLinearAttention, MultiScaleRetention (RetNet) and DeltaNet layers, bf16 on the GPU, random weights.
+
+It knows nothing of jit_ahead except the two lifecycle calls an engine makes when JIT_AHEAD=1 is set
+(wait for what the helpers are building, then mark serving). Warmup at a few shapes, then REQUESTS
+forwards at random (batch, length) within the limits (fused-recurrent mode up to 64 tokens, chunk
+above), the same sequence for the same --seed. Triton's compilation listener counts compile() calls
+with cache_hit False in warmup and in serving. Prints one line: RESULT {json}.
+
+    python scripts/gpu/third_party_workload.py [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+
+T_START = time.perf_counter()
+MAX_BATCH, MAX_LEN, HIDDEN, HEADS, REQUESTS = 4, 256, 512, 4, 40
+WARMUP_SHAPES = ((1, 1), (4, 1), (1, 64), (1, 256), (4, 256))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+    from fla.layers import DeltaNet, GatedLinearAttention, MultiScaleRetention
+    from triton import knobs
+
+    compiles = {"warmup": [], "serving": []}
+    phase = ["warmup"]
+    previous = knobs.compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit, **kwargs):
+        if previous is not None:  # jit_ahead's own listener, when it is on
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
+                     **kwargs)
+        if not cache_hit:
+            compiles[phase[0]].append(getattr(src, "name", "?"))
+
+    knobs.compilation.listener = listener
+    torch.manual_seed(0)
+    layers = [GatedLinearAttention(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=0),
+              MultiScaleRetention(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=1),
+              DeltaNet(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=2)]
+    layers = [layer.to("cuda", torch.bfloat16).eval() for layer in layers]
+    built_s = time.perf_counter() - T_START
+
+    def forward(batch: int, length: int) -> float:
+        x = torch.randn(batch, length, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for layer in layers:
+                x = layer(x)[0]
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for batch, length in WARMUP_SHAPES:
+        forward(batch, length)
+    session = None
+    if os.environ.get("JIT_AHEAD") == "1":  # what an engine does at the end of its warmup
+        import jit_ahead
+        from jit_ahead.core.priority import Priority
+
+        session = jit_ahead.current()
+        session.wait_ready(timeout=600, priority=Priority.REPLAY)
+        session.mark_serving()
+    warmup_end_s = time.perf_counter() - T_START
+    phase[0] = "serving"
+    rng = random.Random(args.seed)
+    latencies = [forward(rng.randint(1, MAX_BATCH), rng.randint(1, MAX_LEN)) for _ in range(REQUESTS)]
+    result = {"jit_ahead": session is not None, "model_built_s": built_s, "warmup_end_s": warmup_end_s,
+              "end_s": time.perf_counter() - T_START, "executor_compiles_warmup": len(compiles["warmup"]),
+              "executor_compiles_serving": len(compiles["serving"]),
+              "serving_compiled": sorted(set(compiles["serving"])), "worst_request_s": max(latencies),
+              "median_request_s": sorted(latencies)[len(latencies) // 2]}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

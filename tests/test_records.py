@@ -1,0 +1,143 @@
+"""Records (JIT_AHEAD_RECORD_DIR): every variant a process launched, replayed to helpers on the next start."""
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from jit_ahead.core.records import RecordFolder, rank_tag
+from jit_ahead.triton import capture
+from jit_ahead.triton.record import record_format
+
+from .conftest import REPO
+from .kernels import basic as k
+
+TARGET = ("cuda", 90, 32)
+
+SERVER = """
+import json, sys
+import triton  # JIT_AHEAD=1: the session starts here and reads the records
+import jit_ahead
+from jit_ahead.core.priority import Priority
+from tests.scenarios import run_scenario
+
+session = jit_ahead.current()
+ready = session.wait_ready(timeout=600, priority=Priority.REPLAY)  # replayed builds are done
+run_scenario("basic")
+print("READY", json.dumps(ready))
+"""
+
+
+def serve_once(tmp_path, run: int, record_dir) -> list[dict]:
+    """One 'server' run with JIT_AHEAD=1 on an empty Triton cache; its stats log events."""
+    stats = tmp_path / f"stats-{run}.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    env.update(JIT_AHEAD="1", JIT_AHEAD_RECORD_DIR=str(record_dir), JIT_AHEAD_STATS=str(stats),
+               JIT_AHEAD_TRITON_WORKERS="1", TRITON_CACHE_DIR=str(tmp_path / f"cache-{run}"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run([sys.executable, "-c", SERVER], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "READY true" in proc.stdout
+    return [json.loads(line) for line in stats.read_text().splitlines()]
+
+
+def executor_compiles(events) -> list[str]:
+    return [e["kernel"] for e in events if e["event"] == "compile" and not e["cache_hit"]]
+
+
+def test_a_second_start_replays_the_first_ones_variants_and_compiles_nothing(tmp_path):
+    records = tmp_path / "records"
+    first = serve_once(tmp_path, 1, records)
+    launched = {e["key"] for e in first if e["event"] == "executor_miss"}
+    assert len(launched) >= 7  # basic_launches: 6 variants + every autotune config
+    (record,) = records.iterdir()
+    assert record.name.startswith("triton-") and record.name.endswith(f"-{rank_tag()}.jsonl")
+    assert oct(record.stat().st_mode & 0o777) == oct(0o600)
+    header, *entries = [json.loads(line) for line in record.read_text().splitlines()]
+    assert header["family"] == "triton" and header["target"] == list(TARGET) and header["triton_key"]
+    assert {e["hash"] for e in entries} == launched
+
+    second = serve_once(tmp_path, 2, records)  # an empty cache again
+    (replay,) = [e for e in second if e["event"] == "replay"]
+    assert replay["variants"] == len(launched) == replay["queued"]
+    replayed_builds = [e for e in second if e["event"] == "build_start" and e["priority"] == "REPLAY"]
+    assert {e["key"] for e in replayed_builds} == launched
+    assert executor_compiles(second) == []
+    assert {e["outcome"] for e in second if e["event"] == "executor_miss"} == {"disk"}
+    assert len(record.read_text().splitlines()) == 1 + len(launched)  # nothing recorded twice
+
+
+def planned_requests(blocks=(16, 32, 64)):
+    x = torch.empty(4096, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for block in blocks:
+            k.add_kernel[(1,)](x, x, x, 4096, BLOCK=block)
+    return planned.requests
+
+
+def test_records_of_all_ranks_merge_and_a_torn_line_is_skipped(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    fmt = record_format(TARGET)
+    a, b, c = planned_requests()
+    rank0, rank1 = RecordFolder(tmp_path, fmt, rank="rank0"), RecordFolder(tmp_path, fmt, rank="rank1")
+    assert rank0.add([a, b]) == 2 and rank1.add([b, c]) == 2 and rank0.add([a]) == 0
+    rank0.close()
+    rank1.close()
+    with open(rank1.path, "a") as f:
+        f.write('{"module": "tests.kernels.basic", "qualname"')  # a crash mid-line
+    merged = RecordFolder(tmp_path, fmt, rank="rank2").read()
+    assert sorted(r.predicted_hash for r in merged) == sorted(r.predicted_hash for r in (a, b, c))
+    assert merged[0] == next(r for r in (a, b, c) if r.predicted_hash == merged[0].predicted_hash)
+    assert any("1 unusable line(s) skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_record_with_another_header_is_ignored_with_one_line(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    fmt = record_format(TARGET)
+    old = RecordFolder(tmp_path, fmt.__class__(**{**fmt.__dict__, "header": {**fmt.header, "triton": "3.5.0"}}),
+                       rank="rank0")
+    old.add(planned_requests())
+    other_target = RecordFolder(tmp_path, record_format(("cuda", 100, 32)), rank="rank0")
+    other_target.add(planned_requests())
+    assert RecordFolder(tmp_path, fmt).read() == []
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert any("does not match" in m and "triton: '3.5.0' here" in m for m in messages)
+    assert any("does not match" in m and "target: ['cuda', 100, 32] here ['cuda', 90, 32]" in m for m in messages)
+
+
+def test_entries_naming_no_importable_kernel_are_refused(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    fmt = record_format(TARGET)
+    folder = RecordFolder(tmp_path, fmt, rank="rank0")
+    (good,) = planned_requests([32])
+    folder.add([good])
+    folder.close()
+    entry = fmt.encode(good)
+    with open(folder.path, "a") as f:
+        for bad in ({"module": "os; import evil"}, {"qualname": "../../x"}, {"hash": "zz"}):
+            f.write(json.dumps({**entry, **bad}) + "\n")
+    assert [r.predicted_hash for r in RecordFolder(tmp_path, fmt).read()] == [good.predicted_hash]
+    assert any("3 unusable line(s)" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("what", ["folder", "file"])
+def test_records_other_users_can_write_are_refused(tmp_path, caplog, what):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    fmt = record_format(TARGET)
+    folder = RecordFolder(tmp_path / "records", fmt, rank="rank0")
+    folder.add(planned_requests([32]))
+    folder.close()
+    target = folder.folder if what == "folder" else folder.path
+    target.chmod(0o777 if what == "folder" else 0o666)
+    again = RecordFolder(tmp_path / "records", fmt, rank="rank1")
+    assert again.read() == []
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "writable by group or others" in message and str(target) in message
+    if what == "folder":
+        assert not again.usable and again.add(planned_requests([64])) == 0
+        assert not again.path.exists()
