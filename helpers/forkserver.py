@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 import traceback
+import warnings
 
 from jit_ahead.core.protocol import (Configure, Exited, Fork, Forked, Preload, Ready, Shutdown, read_message,
                                      write_message)
@@ -81,9 +82,21 @@ def _run_helper(control: _Control, inbox_fd: int, outbox_fd: int, builder, prepa
     return worker.serve(inbox, outbox, builder)
 
 
+def os_threads() -> list[str]:
+    """This process's OS threads by name. The fork server starts none; a library's import may (a thread
+    pool of a native library): they are not copied into a fork, and a helper only compiles."""
+    try:
+        return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    except OSError:
+        return []
+
+
 def _fork(control: _Control, builder, prepared: dict) -> None:
     inbox_fd, outbox_fd = control.receive_fds(2)
-    pid = os.fork()
+    prepared = {**prepared, "forkserver_threads": os_threads()}
+    with warnings.catch_warnings():  # Python 3.12 warns whenever other threads exist; we report them instead
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         code = 1
         try:

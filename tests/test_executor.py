@@ -104,6 +104,29 @@ def test_kill_9_of_a_helper_mid_build_releases_the_waiting_launch_at_once(sessio
     assert session.stats.count("helper_crash") == 1
 
 
+def test_an_unplanned_miss_builds_in_place_until_a_helper_has_its_library(session_factory):
+    session = session_factory(workers=1)
+    pool = session.triton.pool
+    events = []
+    session.stats.subscribe(events.append)
+    deadline = time.monotonic() + 120
+    while not pool.live_helpers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # The helper has not imported tests.kernels.basic (nothing planned it); this process has.
+    first = k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=32)
+    assert pool.table.get(first.hash).result.builder == "executor"
+    # The miss had the fork server import the kernel's module; a fresh helper forked from it builds the next.
+    def refreshed() -> bool:
+        names = [e["event"] for e in events]
+        return "forkserver_preloaded" in names and "helper_ready" in names[names.index("forkserver_preloaded"):]
+
+    while not refreshed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [e["modules"] for e in events if e["event"] == "forkserver_preloaded"] == [1]
+    second = k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
+    assert pool.table.get(second.hash).result.builder == "helper-0"
+
+
 def test_no_helpers_means_misses_build_in_place(session_factory):
     session = session_factory(workers=0)
     kernel = k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=128)

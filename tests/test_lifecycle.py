@@ -156,12 +156,31 @@ def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
 
 
 class PreloadingProvider(ScaleProvider):
+    """Finds its layers at once, then enumerates slowly (the gate)."""
+
     name = "test-preloading"
+
+    def find_layers(self, model):
+        return [m for m in model.modules() if isinstance(m, ScaleLayer)]
+
+    def launches(self, layers, limits):
+        self.gate.wait(30)
+        yield from super().launches(layers, limits)
+
+
+class AbsentProvider(ScaleProvider):
+    """A library the model does not use: its modules are never imported in helpers."""
+
+    name = "test-absent"
+    modules = ("tests_absent_library",)
+
+    def find_layers(self, model):
+        return []
 
 
 def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_factory, tmp_path, monkeypatch):
     # A library module that records which processes imported it: the helper's import must happen
-    # while the provider is still walking the model (planning has queued nothing yet).
+    # once the provider found its layers, while it still enumerates (planning has queued nothing yet).
     marker = tmp_path / "imported-by"
     module_dir = tmp_path / "mods"
     (module_dir / "tests_preload_probe").mkdir(parents=True)
@@ -173,7 +192,7 @@ def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_
     events = []
     session.stats.subscribe(events.append)
     gate = threading.Event()
-    run = session.plan_model(model(), EngineLimits(max_num_tokens=4), [PreloadingProvider(gate)])
+    run = session.plan_model(model(), EngineLimits(max_num_tokens=4), [AbsentProvider(), PreloadingProvider(gate)])
     try:
         import time
 
@@ -184,6 +203,7 @@ def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_
         # One import, in the fork server; helpers are forked from it afterwards and share it.
         (forkserver,) = [e["pid"] for e in events if e["event"] == "forkserver_ready"]
         assert marker.read_text().split() == [str(forkserver)]
+        assert "tests_absent_library" not in session.triton.pool._preload
         while not session.triton.pool.helper_pids() and time.monotonic() < deadline:
             time.sleep(0.05)
         (helper_pid,) = session.triton.pool.helper_pids().values()

@@ -93,7 +93,8 @@ def test_compile_and_import_errors_fail_only_their_request(triton_cache, pools, 
     assert "ModuleNotFoundError" in results[1].error
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "undefined_name" in logged and "no_such_module" in logged
-    assert sum(e["event"] == "helper_ready" for e in pool.events) == 1  # one helper served all three
+    assert {r.builder for r in results} == {"helper-0"}  # one helper slot served all three, none crashed
+    assert not any(e["event"] == "helper_crash" for e in pool.events)
 
 
 def test_a_hash_mismatch_is_an_error_with_both_hashes(triton_cache, pools, caplog):
@@ -141,8 +142,8 @@ def test_helpers_are_isolated_niced_and_use_pipes_only(triton_cache, pools, monk
     pool.start()
     (ticket,) = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in add_requests([32])]
     assert ticket.wait(120) is State.DONE
-    (ready,) = [e for e in pool.events if e["event"] == "helper_ready"]
-    info = ready["info"]
+    ready = [e for e in pool.events if e["event"] == "helper_ready"]
+    info = ready[-1]["info"]
     assert info["nice"] == 19 and info["cuda_visible_devices"] == "" and info["launcher_vars"] == []
     assert info["cache_dir"] == str(triton_cache) and os.path.isabs(info["cache_dir"])
     helper = psutil.Process(pool.helper_pids()["helper-0"])
@@ -215,14 +216,16 @@ def test_forked_helpers_share_one_import_of_the_preloaded_modules(triton_cache, 
     assert server["info"]["nice"] == 19 and server["info"]["cuda_visible_devices"] == ""
     assert marker.read_text().split() == [str(server["pid"])]  # imported once, by the fork server
     ready = [e for e in pool.events if e["event"] == "helper_ready"]
-    assert len(ready) == 2 and all(e["info"]["forked_from"] == server["pid"] for e in ready)
+    assert len(ready) >= 2 and all(e["info"]["forked_from"] == server["pid"] for e in ready)
     assert {t.result.builder for t in tickets} <= {"helper-0", "helper-1"}
     # A module preloaded later is imported by the fork server, and idle helpers are replaced by fresh forks.
-    pool.preload(["tests.kernels.basic"])
+    before = len(ready)
+    pool.preload(["json"])
     deadline = time.monotonic() + 60
-    while sum(e["event"] == "helper_ready" for e in pool.events) < 4 and time.monotonic() < deadline:
+    while sum(e["event"] == "helper_ready" for e in pool.events) < before + 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [e["modules"] for e in pool.events if e["event"] == "forkserver_preloaded"] == [1, 1]
+    # The probe, then the kernels' own module (named by the first jobs, imported once), then json.
+    assert [e["modules"] for e in pool.events if e["event"] == "forkserver_preloaded"] == [1, 1, 1]
     assert not any(e["event"] == "helper_preloaded" for e in pool.events)
     pids = [*pool.helper_pids().values(), server["pid"]]
     pool.close()

@@ -38,7 +38,15 @@ def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[BuildR
     """Make sure ``request`` is built before the launch goes on; returns the outcome and seconds spent."""
     t0 = time.monotonic()
     deadline = t0 + timeout
-    ticket = pool.submit(request, Priority.URGENT)
+    pool.preload(request.modules)  # so that helpers are ready for this library's next variants
+    if not pool.helper_has_modules(request):
+        # A helper would import the kernel library before compiling (seconds, where the compile alone
+        # is often under one): build here unless a helper is already on it.
+        ticket, claimed = pool.submit_claimed(request, Priority.URGENT, "executor")
+        if claimed:
+            return _build_in_place(pool, ticket, build_here), time.monotonic() - t0
+    else:
+        ticket = pool.submit(request, Priority.URGENT)
     while True:
         state = ticket.state
         if state is State.DONE:

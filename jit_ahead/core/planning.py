@@ -58,6 +58,11 @@ class PlanningRun:
             for provider in self._providers:
                 try:
                     layers = provider.find_layers(self._model)
+                    family = self._families.get(provider.family)
+                    if layers and family is not None and provider.modules:
+                        # Helpers import the library while its launches are enumerated; a library the
+                        # model does not use is never imported there.
+                        family.pool.preload(provider.modules)
                     launches = list(provider.launches(layers, self._limits)) if layers else []
                 except Exception as exc:
                     self._fail(provider, "enumeration", exc)

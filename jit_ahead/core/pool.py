@@ -73,6 +73,7 @@ class _Helper:
         self.from_helper = from_helper
         self.forked = forked
         self.sent_preload = sent_preload  # how many of the pool's preload modules this helper has
+        self.modules: set[str] = set()  # modules it has imported (preloads, earlier jobs')
 
     @property
     def pid(self) -> int:
@@ -205,13 +206,26 @@ class HelperPool:
 
     # -- requests ------------------------------------------------------------------------------------
     def submit(self, request: BuildRequest, priority: Priority) -> Ticket:
+        self._check_family(request)
+        ticket, change = self.table.submit_reporting(request, priority)
+        self._report_submit(request, ticket, change)
+        return ticket
+
+    def submit_claimed(self, request: BuildRequest, priority: Priority, owner: str) -> tuple[Ticket, bool]:
+        """Submit and, if it is still queued, claim it for ``owner`` before any helper can take it."""
+        self._check_family(request)
+        ticket, change, claimed = self.table.submit_claimed(request, priority, owner)
+        self._report_submit(request, ticket, change)
+        return ticket, claimed
+
+    def _check_family(self, request: BuildRequest) -> None:
         if request.family != self.family.name:
             raise ValueError(f"request for family {request.family!r} sent to the {self.family.name!r} pool")
-        ticket, change = self.table.submit_reporting(request, priority)
+
+    def _report_submit(self, request: BuildRequest, ticket: Ticket, change: str | None) -> None:
         if change is not None:  # a duplicate at the same or a lower level is no event
             self.stats.emit("queued", family=self.family.name, key=request.key, label=request.label,
                             priority=ticket.priority.name, raised=change == "raised")
-        return ticket
 
     def preload(self, modules) -> None:
         """Have every helper, present and future, import these modules before its next build."""
@@ -228,6 +242,13 @@ class HelperPool:
     def helper_pids(self) -> dict[str, int]:
         with self._lock:
             return {h.name: h.pid for h in self._helpers.values()}
+
+    def helper_has_modules(self, request: BuildRequest) -> bool:
+        """Whether a running helper has imported the request's modules; one that has not would import
+        the kernel library first (seconds), while the launching process has it imported already."""
+        needed = set(request.modules)
+        with self._lock:
+            return any(needed <= helper.modules for helper in self._helpers.values())
 
     def may_get_helpers(self) -> bool:
         """True while a helper is running or a slot is still starting one or backing off to retry."""
@@ -356,6 +377,8 @@ class HelperPool:
             proc, to_helper, from_helper = server.fork(name)
             helper = _Helper(name, proc, to_helper, from_helper, forked=True,
                              sent_preload=self._forkserver_preloaded)
+            with self._lock:
+                helper.modules = set(self._preload[:self._forkserver_preloaded]) - self._bad_preloads
         return self._handshake(helper, t0, self._start_timeout)
 
     def _handshake(self, helper: _Helper, t0: float, timeout: float | None) -> _Helper | None:
@@ -485,6 +508,7 @@ class HelperPool:
                 helper.proc.kill()
         if isinstance(reply, PreloadDone):
             self._report_preload(helper.name, new, reply, t0)
+            helper.modules.update(set(new) - set(reply.failed))
             return None
         # The helper died importing one of these: never preload them again; a build that needs one
         # imports it inside the job, where a crash is charged to that request (and can quarantine it).
@@ -521,6 +545,15 @@ class HelperPool:
                 if self._retire.is_set():
                     return built  # serving: nothing queued, so give the host memory back
                 continue
+            with self._lock:
+                missing = set(ticket.request.modules) - helper.modules - self._bad_preloads
+            if helper.forked and missing:
+                # Its library was named after this helper was forked: the fork server imports it once
+                # for all helpers, instead of each helper on its own; meanwhile the executor may claim it.
+                self.table.release(ticket, crashed=False)
+                self.preload(ticket.request.modules)
+                self._refresh_forkserver()
+                return REFRESH
             alive = self._run_job(helper, ticket)
             built = BUILT if alive else built
             if not alive:
@@ -567,6 +600,7 @@ class HelperPool:
         result = dataclasses.replace(reply.result, builder=helper.name)
         if result.ok:
             self.helper_seconds.add(result.seconds)
+            helper.modules.update(request.modules)
         else:
             log.error("%s %s failed to build %s:\n%s", self.family.name, helper.name, request.label, result.error)
         self.table.finish(ticket, result)

@@ -69,10 +69,6 @@ class Session:
 
             providers = builtin_providers()
         providers = list(providers)
-        for provider in providers:  # helpers import the libraries while the providers walk the model
-            family = self.families.get(provider.family)
-            if family is not None and provider.modules:
-                family.pool.preload(provider.modules)
         run = PlanningRun(self.families, self.stats, model, limits, providers).start()
         self._planning.append(run)
         return run

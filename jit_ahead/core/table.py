@@ -73,20 +73,31 @@ class RequestTable:
     def submit_reporting(self, request: BuildRequest, priority: Priority) -> tuple[Ticket, str | None]:
         """``submit`` that also says what it did: "new", "raised", or None for a plain duplicate."""
         with self._cond:
-            ticket = self._tickets.get(request.key)
-            if ticket is None:
-                ticket = Ticket(request=request, priority=priority, _table=self)
-                self._tickets[request.key] = ticket
-                self._push(ticket)
-                self._cond.notify_all()
-                return ticket, "new"
-            if priority >= ticket.priority:
-                return ticket, None
-            ticket.priority = priority
-            if ticket.state is State.QUEUED:
-                self._push(ticket)
-                self._cond.notify_all()
-            return ticket, "raised"
+            return self._submit_locked(request, priority)
+
+    def submit_claimed(self, request: BuildRequest, priority: Priority, owner: str) -> tuple[Ticket, str | None, bool]:
+        """``submit_reporting``, then claim the ticket for ``owner`` in the same step if it is queued, so
+        that no helper takes it in between; the last item says whether the claim was made."""
+        with self._cond:
+            ticket, change = self._submit_locked(request, priority)
+            return ticket, change, self._claim_locked(ticket, owner)
+
+    def _submit_locked(self, request: BuildRequest, priority: Priority) -> tuple[Ticket, str | None]:
+        """Called with the lock held."""
+        ticket = self._tickets.get(request.key)
+        if ticket is None:
+            ticket = Ticket(request=request, priority=priority, _table=self)
+            self._tickets[request.key] = ticket
+            self._push(ticket)
+            self._cond.notify_all()
+            return ticket, "new"
+        if priority >= ticket.priority:
+            return ticket, None
+        ticket.priority = priority
+        if ticket.state is State.QUEUED:
+            self._push(ticket)
+            self._cond.notify_all()
+        return ticket, "raised"
 
     def _push(self, ticket: Ticket) -> None:
         heapq.heappush(self._heap, (int(ticket.priority), next(self._seq), ticket.key))
@@ -112,10 +123,13 @@ class RequestTable:
     def claim(self, ticket: Ticket, owner: str) -> bool:
         """Take a queued ticket out of the queue to build it elsewhere (in place on the executor)."""
         with self._cond:
-            if ticket.state is not State.QUEUED:
-                return False
-            self._mark_running(ticket, owner)
-            return True
+            return self._claim_locked(ticket, owner)
+
+    def _claim_locked(self, ticket: Ticket, owner: str) -> bool:
+        if ticket.state is not State.QUEUED:
+            return False
+        self._mark_running(ticket, owner)
+        return True
 
     def _mark_running(self, ticket: Ticket, owner: str) -> None:
         ticket.state = State.RUNNING

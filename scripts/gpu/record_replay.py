@@ -24,12 +24,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def versions() -> dict:
-    import fla
+    from importlib.metadata import version
+
     import torch
     import triton
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
-            "fla": getattr(fla, "__version__", "?"),
+            "flash-linear-attention": version("flash-linear-attention"), "liger-kernel": version("liger-kernel"),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
 
 
@@ -79,8 +80,8 @@ def main() -> int:
     rows = ["# Record and replay on the GPU (" + report["date"] + ")", "",
             "`python scripts/gpu/record_replay.py --out docs/gpu/record_replay`; " +
             ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".", "",
-            "Workload: `scripts/gpu/third_party_workload.py` (fla GatedLinearAttention, MultiScaleRetention, "
-            "DeltaNet; no provider plans them). Both runs: JIT_AHEAD=1, the same record folder, an empty "
+            "Workload: `scripts/gpu/third_party_workload.py` (Liger-Kernel ops outside the Liger provider's "
+            "set and fla's GatedLinearAttention; no provider plans them). Both runs: JIT_AHEAD=1, the same record folder, an empty "
             "Triton cache.", "",
             "| run | warmup end s | end s | executor compiles warmup / serving | worst request s | median request s |",
             "|---|---|---|---|---|---|"]

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""A third-party Triton workload that no jit_ahead provider plans: flash-linear-attention's
-GatedLinearAttention, MultiScaleRetention (RetNet) and DeltaNet layers, bf16 on the GPU, random weights.
+"""A third-party Triton workload that no jit_ahead provider plans: a block of Liger-Kernel ops that the
+Liger provider does not cover (fused add + RMSNorm, DyT, PolyNorm, ReLU², softmax, sparsemax) and
+flash-linear-attention's GatedLinearAttention layer in its fused-recurrent mode (up to 64 tokens), bf16
+on the GPU, random weights.
 
 It knows nothing of jit_ahead except the two lifecycle calls an engine makes when JIT_AHEAD=1 is set
 (wait for what the helpers are building, then mark serving). Warmup at a few shapes, then REQUESTS
-forwards at random (batch, length) within the limits (fused-recurrent mode up to 64 tokens, chunk
-above), the same sequence for the same --seed. Triton's compilation listener counts compile() calls
+forwards at random (batch, length) within the limits, the same sequence for the same --seed. Triton's compilation listener counts compile() calls
 with cache_hit False in warmup and in serving. Prints one line: RESULT {json}.
 
     python scripts/gpu/third_party_workload.py [--seed 0]
@@ -19,8 +20,8 @@ import random
 import time
 
 T_START = time.perf_counter()
-MAX_BATCH, MAX_LEN, HIDDEN, HEADS, REQUESTS = 4, 256, 512, 4, 40
-WARMUP_SHAPES = ((1, 1), (4, 1), (1, 64), (1, 256), (4, 256))
+MAX_BATCH, MAX_LEN, HIDDEN, HEADS, REQUESTS = 4, 64, 512, 4, 40
+WARMUP_SHAPES = ((1, 1), (4, 1), (1, 64), (4, 64))
 
 
 def main() -> None:
@@ -29,7 +30,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from fla.layers import DeltaNet, GatedLinearAttention, MultiScaleRetention
+    from fla.layers import GatedLinearAttention
+    from liger_kernel.transformers import (LigerDyT, LigerFusedAddRMSNorm, LigerPolyNorm, LigerReLUSquared,
+                                           LigerSoftmax, LigerSparsemax)
     from triton import knobs
 
     compiles = {"warmup": [], "serving": []}
@@ -45,19 +48,25 @@ def main() -> None:
 
     knobs.compilation.listener = listener
     torch.manual_seed(0)
-    layers = [GatedLinearAttention(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=0),
-              MultiScaleRetention(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=1),
-              DeltaNet(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=2)]
-    layers = [layer.to("cuda", torch.bfloat16).eval() for layer in layers]
+    modules = {"gla": GatedLinearAttention(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=0),
+               "add_norm": LigerFusedAddRMSNorm(HIDDEN), "dyt": LigerDyT(HIDDEN), "poly": LigerPolyNorm(in_place=False),
+               "relu2": LigerReLUSquared(), "softmax": LigerSoftmax(), "sparsemax": LigerSparsemax()}
+    m = {name: module.to("cuda", torch.bfloat16).eval() for name, module in modules.items()}
     built_s = time.perf_counter() - T_START
+
+    def block(x):
+        attn = m["gla"](x)[0]
+        h, residual = m["add_norm"](attn, x)
+        h = m["relu2"](m["poly"](m["dyt"](h))) + residual
+        scores = h.flatten(0, 1)[:, :128].float().contiguous()
+        return m["softmax"](scores) + m["sparsemax"](scores)
 
     def forward(batch: int, length: int) -> float:
         x = torch.randn(batch, length, HIDDEN, device="cuda", dtype=torch.bfloat16)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            for layer in layers:
-                x = layer(x)[0]
+            block(x)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
