@@ -67,3 +67,14 @@ def wait_all(tickets, timeout=600.0):
 def caplog_info(caplog):
     caplog.set_level(logging.INFO, logger="jit_ahead")
     return caplog
+
+
+def import_probe(tmp_path, monkeypatch) -> tuple[str, object]:
+    """A module that appends the pid of every process importing it to a file."""
+    marker = tmp_path / "imported-by"
+    module_dir = tmp_path / "mods"
+    (module_dir / "tests_import_probe").mkdir(parents=True)
+    (module_dir / "tests_import_probe" / "__init__.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
+    monkeypatch.syspath_prepend(str(module_dir))  # helpers get the pool's sys.path
+    return "tests_import_probe", marker

@@ -12,6 +12,7 @@ from jit_ahead.core.priority import Priority
 from jit_ahead.providers import PlannedLaunch, Provider
 from jit_ahead.triton import capture
 
+from .conftest import import_probe
 from .kernels import basic as k
 
 
@@ -181,13 +182,8 @@ class AbsentProvider(ScaleProvider):
 def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_factory, tmp_path, monkeypatch):
     # A library module that records which processes imported it: the helper's import must happen
     # once the provider found its layers, while it still enumerates (planning has queued nothing yet).
-    marker = tmp_path / "imported-by"
-    module_dir = tmp_path / "mods"
-    (module_dir / "tests_preload_probe").mkdir(parents=True)
-    (module_dir / "tests_preload_probe" / "__init__.py").write_text(
-        f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
-    monkeypatch.syspath_prepend(str(module_dir))  # helpers get the server's sys.path
-    monkeypatch.setattr(PreloadingProvider, "modules", ("tests_preload_probe",))
+    probe, marker = import_probe(tmp_path, monkeypatch)
+    monkeypatch.setattr(PreloadingProvider, "modules", (probe,))
     session = session_factory(workers=1)
     events = []
     session.stats.subscribe(events.append)

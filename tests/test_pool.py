@@ -16,7 +16,7 @@ from jit_ahead.core.table import State
 from jit_ahead.triton import capture
 from jit_ahead.triton.family import SPEC
 
-from .conftest import wait_all
+from .conftest import import_probe, wait_all
 from .kernels import basic as k
 
 
@@ -147,6 +147,7 @@ def test_helpers_are_isolated_niced_and_use_pipes_only(triton_cache, pools, monk
     assert info["nice"] == 19 and info["cuda_visible_devices"] == "" and info["launcher_vars"] == []
     assert info["cache_dir"] == str(triton_cache) and os.path.isabs(info["cache_dir"])
     helper = psutil.Process(pool.helper_pids()["helper-0"])
+    assert helper.environ()["OMP_NUM_THREADS"] == "1"
     assert helper.net_connections(kind="inet") == [] and helper.net_connections(kind="unix") == []
     assert helper.cmdline()[0] == psutil.Process().exe() or helper.exe() == psutil.Process().exe()
     pool.close()
@@ -191,17 +192,6 @@ def test_a_helper_that_cannot_start_is_reported(triton_cache, pools, caplog):
     assert not pool.may_get_helpers()
     assert any("failed to start" in r.getMessage() for r in caplog.records)
     assert any("starts failed in a row" in r.getMessage() for r in caplog.records)
-
-
-def import_probe(tmp_path, monkeypatch) -> tuple[str, object]:
-    """A module that appends the pid of every process importing it to a file."""
-    marker = tmp_path / "imported-by"
-    module_dir = tmp_path / "mods"
-    (module_dir / "tests_import_probe").mkdir(parents=True)
-    (module_dir / "tests_import_probe" / "__init__.py").write_text(
-        f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
-    monkeypatch.syspath_prepend(str(module_dir))  # helpers get the pool's sys.path
-    return "tests_import_probe", marker
 
 
 def test_forked_helpers_share_one_import_of_the_preloaded_modules(triton_cache, pools, tmp_path, monkeypatch):
