@@ -86,8 +86,9 @@ class TritonFamily:
             folder = record_folder(record_format(self.device_view.triton_target))
             replayed = folder.read() if folder is not None else []
             tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
-            self.pool.stats.emit("replay", family=FAMILY, folder=str(folder.folder) if folder else None,
-                                 variants=len(replayed), queued=len(tickets), file=str(folder.path) if folder else None)
+            self.pool.stats.emit("replay", family=FAMILY, variants=len(replayed), queued=len(tickets),
+                                 folder=str(folder.folder) if folder else None,
+                                 file=str(folder.path) if folder else None)
             if replayed:
                 log.info("triton: replaying %d recorded variants (%d not on disk yet) from %s", len(replayed),
                          len(tickets), folder.folder)
@@ -97,8 +98,8 @@ class TritonFamily:
         with self._records_lock:
             self.records = folder if folder is not None and folder.usable else None
             pending, self._unrecorded = self._unrecorded or [], None
-        if self.records is not None and pending:
-            self.records.add(pending)
+        if self.records is not None:
+            self.records.add(r for r in pending if _fits_header(self.records, r))
 
     def wait_replay(self, timeout: float | None = None) -> bool:
         """Wait until the records are read and their variants queued; True if that happened in time."""
@@ -117,9 +118,7 @@ class TritonFamily:
                 self._unrecorded.append(request)
                 return
             records = self.records
-        header = records.format.header if records is not None else None
-        if header is not None and tuple(header["target"]) == tuple(request.target) \
-                and sorted(map(tuple, header["env"])) == sorted(request.env):  # what the header pins
+        if records is not None and _fits_header(records, request):
             records.add([request])
 
     def _on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
@@ -142,3 +141,10 @@ class TritonFamily:
         if knobs.compilation.listener == self._on_compile:
             knobs.compilation.listener = self._previous_listener
         self.pool.close(grace)
+
+
+def _fits_header(records: RecordFolder, request: TritonCompileRequest) -> bool:
+    """Entries carry no target or environment of their own: a variant built for another target or under
+    another cache-invalidating environment than the header pins is not recorded."""
+    header = records.format.header
+    return tuple(header["target"]) == tuple(request.target) and sorted(map(tuple, header["env"])) == sorted(request.env)
