@@ -72,8 +72,7 @@ def _run_helper(control: _Control, inbox_fd: int, outbox_fd: int, builder, prepa
     """In the forked child: become an ordinary helper on the two pipes the pool made for it."""
     t0 = time.perf_counter()
     control.close()  # the fork server's channel is not the helper's business
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
-                        format=f"[jit_ahead helper {os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    worker.set_up_logging(force=True)
     worker.exit_with_parent(os.getppid())
     inbox = os.fdopen(inbox_fd, "rb", buffering=0)
     outbox = os.fdopen(outbox_fd, "wb", buffering=0)

@@ -70,8 +70,9 @@ def _build(builder, job: Job) -> JobDone:
         return JobDone(job.job_id, BuildResult(key, False, time.perf_counter() - t0, "", error))
 
 
-def set_up_logging() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+def set_up_logging(force: bool = False) -> None:
+    """Log lines name this helper's pid; ``force`` replaces a forked parent's set-up (and its pid)."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=force,
                         format=f"[jit_ahead helper {os.getpid()}] %(levelname)s %(name)s: %(message)s")
 
 

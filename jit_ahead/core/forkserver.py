@@ -16,6 +16,9 @@ import subprocess
 import threading
 import time
 
+import psutil
+
+from .helper_env import start_helper_process
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
 
@@ -66,15 +69,10 @@ class ForkedProcess:
 
 def _pid_running(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+    except psutil.AccessDenied:
         return True
 
 
@@ -107,9 +105,7 @@ class ForkServer:
     def start(self, config: Configure) -> Ready:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = subprocess.Popen(
-                [self._python, "-m", FORKSERVER_ENTRY, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                env=self._env, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True)
+            self._proc = start_helper_process(self._python, FORKSERVER_ENTRY, (theirs.fileno(),), self._env)
         except OSError as exc:
             ours.close()
             raise ForkServerGone(f"could not be started ({exc})") from exc

@@ -7,6 +7,7 @@ thread, and family-specific overrides such as the absolute cache directory are a
 """
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping
 
 _SCRUBBED_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "UCX_", "I_MPI_", "MPI_", "MV2_", "HYDRA_",
@@ -18,6 +19,14 @@ _SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 # Set in every helper: the start-up switch must never start a pool inside a helper.
 HELPER_MARKER = "JIT_AHEAD_HELPER"
+
+
+def start_helper_process(python: str, entry: str, fds: tuple[int, ...], env: dict[str, str]) -> subprocess.Popen:
+    """``python -m entry FD...`` with the helper environment: the descriptors passed, no stdin, prints to
+    stderr (never the server's stdout), in its own session (a Ctrl-C to the server's terminal is the
+    server's to handle). Raises OSError if it cannot be started."""
+    return subprocess.Popen([python, "-m", entry, *map(str, fds)], pass_fds=fds, env=env, stdin=subprocess.DEVNULL,
+                            stdout=2, start_new_session=True)
 
 
 def is_scrubbed(name: str) -> bool:

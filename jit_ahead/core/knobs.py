@@ -83,17 +83,22 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
 
 
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """One of ``choices`` (case-insensitive); unset or empty gives ``default``, anything else logs one line."""
+    raw = os.environ.get(name, default).strip().lower() or default
+    if raw not in choices:
+        log.error("%s=%r is not one of %s; using %s", name, raw, "|".join(choices), default)
+        return default
+    return raw
+
+
 HELPER_START_MODES = ("fork", "spawn")
 
 
 def helper_start_mode() -> str:
     """JIT_AHEAD_HELPER_START: ``fork`` (default) starts one fork server that imports Triton and the kernel
     libraries once and forks every helper from it; ``spawn`` starts each helper as its own interpreter."""
-    raw = os.environ.get("JIT_AHEAD_HELPER_START", "fork").strip().lower() or "fork"
-    if raw not in HELPER_START_MODES:
-        log.error("JIT_AHEAD_HELPER_START=%r is not one of %s; using fork", raw, "|".join(HELPER_START_MODES))
-        return "fork"
-    return raw
+    return env_choice("JIT_AHEAD_HELPER_START", HELPER_START_MODES, "fork")
 
 
 GUARD_MODES = ("off", "warn", "error")
@@ -103,8 +108,4 @@ def guard_mode() -> str:
     """JIT_AHEAD_MODE: what an executor compile after the start of serving does: ``warn`` (default) logs
     one warning naming the variant and how it differs from the nearest planned one, ``error`` raises,
     ``off`` says nothing."""
-    raw = os.environ.get("JIT_AHEAD_MODE", "warn").strip().lower() or "warn"
-    if raw not in GUARD_MODES:
-        log.error("JIT_AHEAD_MODE=%r is not one of %s; using warn", raw, "|".join(GUARD_MODES))
-        return "warn"
-    return raw
+    return env_choice("JIT_AHEAD_MODE", GUARD_MODES, "warn")

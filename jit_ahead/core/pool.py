@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .device_view import DeviceView
 from .forkserver import ForkServer, ForkServerGone, describe_exit
-from .helper_env import helper_environment
+from .helper_env import helper_environment, start_helper_process
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
                        write_message)
@@ -350,12 +350,7 @@ class HelperPool:
         to_parent_r, to_parent_w = os.pipe()
         to_helper_r, to_helper_w = os.pipe()
         try:
-            proc = subprocess.Popen(
-                [self._python, "-m", HELPER_ENTRY, str(to_helper_r), str(to_parent_w)],
-                pass_fds=(to_helper_r, to_parent_w), env=self._env, stdin=subprocess.DEVNULL,
-                stdout=2,  # a helper's prints must never reach the server's stdout
-                start_new_session=True,  # a Ctrl-C to the server's terminal is the server's to handle
-            )
+            proc = start_helper_process(self._python, HELPER_ENTRY, (to_helper_r, to_parent_w), self._env)
         except OSError as exc:
             for fd in (to_parent_r, to_parent_w, to_helper_r, to_helper_w):
                 os.close(fd)
@@ -412,13 +407,10 @@ class HelperPool:
         if self._closed.is_set() or not self._forking:
             raise ForkServerGone("is not started: the pool is closing or retired")
         if server is not None and not server.alive:
-            self._forkserver_deaths += 1
             log.warning("%s: the fork server (pid %d) exited (%s)", self.family.name, server.process.pid,
                         describe_exit(server.process))
-            server.close(0.0)
-            if self._forkserver_deaths >= self._max_forkserver_deaths:
-                raise ForkServerGone(f"exited {self._forkserver_deaths} times")
-            server = self._forkserver = None  # its helpers run on; new ones come from a new fork server
+            self._forkserver_died(server)
+            server = None
         if server is None:
             self._forkserver_preloaded = 0  # a new fork server imports every (good) preload module again
             server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
@@ -448,25 +440,28 @@ class HelperPool:
                     self._bad_preloads.update(new)
                 log.warning("%s: the fork server died while preloading %s (%s); those modules will not be "
                             "preloaded", self.family.name, ", ".join(new), exc)
-                self._forkserver_deaths += 1
-                server.close(0.0)
-                if self._forkserver_deaths >= self._max_forkserver_deaths:
-                    raise
-                self._forkserver = None
+                self._forkserver_died(server)
                 return self._forkserver_with_preloads()
             self._report_preload("forkserver", new, reply, t0, event="forkserver_preloaded")
         self._forkserver_preloaded = upto
         return server
 
-    def _refresh_forkserver(self) -> bool:
-        """Have the fork server import what was preloaded since; False if forking had to stop."""
+    def _forkserver_died(self, server: ForkServer) -> None:
+        """Count a fork server's death and forget it (its helpers run on; new ones come from a new fork
+        server); raises ForkServerGone once it has died too often. Called with _forkserver_lock held."""
+        self._forkserver_deaths += 1
+        server.close(0.0)
+        if self._forkserver_deaths >= self._max_forkserver_deaths:
+            raise ForkServerGone(f"exited {self._forkserver_deaths} times")
+        self._forkserver = None
+
+    def _refresh_forkserver(self) -> None:
+        """Have the fork server import what was preloaded since; stop forking if it cannot."""
         try:
             with self._forkserver_lock:
                 self._forkserver_with_preloads()
-            return True
         except ForkServerGone as exc:
             self._stop_forking(f"the fork server {exc}")
-            return False
 
     def _stop_forking(self, why: str) -> None:
         with self._forkserver_lock:

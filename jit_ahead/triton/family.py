@@ -21,7 +21,7 @@ from .load import TritonExecutor
 from .plan import Capture, capture
 from .record import record_format
 from .request import FAMILY, TritonCompileRequest
-from .spec import on_disk
+from .spec import not_importable, on_disk
 
 log = logging.getLogger("jit_ahead.triton")
 
@@ -111,7 +111,7 @@ class TritonFamily:
 
     def _record(self, request: TritonCompileRequest) -> None:
         """Every variant this process compiled or loaded, once (the executor's first launch of it)."""
-        if not is_dotted_name(request.module) or "<locals>" in request.qualname or request.module == "__main__":
+        if not is_dotted_name(request.module) or not_importable(request.module, request.qualname):
             return  # a helper could not import it, so it cannot be replayed
         with self._records_lock:
             if self._unrecorded is not None:

@@ -33,14 +33,21 @@ def unwrap_jit_function(obj: Any) -> JITFunction | None:
     return obj if isinstance(obj, JITFunction) else None
 
 
+def not_importable(module: str, qualname: str) -> str | None:
+    """Why a helper could not import this kernel by name, or None."""
+    if module == "__main__":
+        return (f"kernel {qualname} is defined in __main__, which a helper cannot import; move it into a "
+                "module to build it ahead")
+    if "<locals>" in qualname:
+        return f"kernel {module}.{qualname} is defined inside a function; a helper cannot import it"
+    return None
+
+
 def resolve_kernel(module: str, qualname: str) -> JITFunction:
     """Import the kernel a request names: the module attribute, or any JITFunction with that qualname."""
-    if module == "__main__":
-        raise KernelNotImportable(f"kernel {qualname} is defined in __main__, which a helper cannot import; "
-                                  "move it into a module to build it ahead")
-    if "<locals>" in qualname:
-        raise KernelNotImportable(f"kernel {module}.{qualname} is defined inside a function; a helper "
-                                  "cannot import it")
+    reason = not_importable(module, qualname)
+    if reason:
+        raise KernelNotImportable(reason)
     mod = importlib.import_module(module)
     obj: Any = mod
     for part in qualname.split("."):

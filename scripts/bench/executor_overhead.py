@@ -44,14 +44,14 @@ def tensors(n: int):
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "meta"
-    return [torch.empty(n, device=device, dtype=torch.float32) for _ in range(3)], device
+    return [torch.empty(n, device=device, dtype=torch.float32) for _ in range(3)]
 
 
 def launch_us(launches: int, block: int = 256) -> float:
     """Per-launch microseconds of a hot variant over ``launches`` launches."""
     import bench_kernels as bk
 
-    (x, y, out), _ = tensors(4096)
+    x, y, out = tensors(4096)
     bk.axpy_kernel[(16,)](x, y, out, 4096, 2.0, BLOCK=block)  # in memory from here on
     t0 = time.perf_counter()
     for _ in range(launches):
@@ -85,7 +85,7 @@ def forget_in_memory() -> None:
 def first_launch_s(blocks) -> list[float]:
     import bench_kernels as bk
 
-    (x, y, out), _ = tensors(4096)
+    x, y, out = tensors(4096)
     times = []
     for block in blocks:
         t0 = time.perf_counter()
@@ -128,7 +128,7 @@ def main() -> int:
     # -- a wait on an in-flight build ---------------------------------------------------------------------
     events = []
     session.stats.subscribe(events.append)
-    (x, _, _), _ = tensors(1024)
+    x, _, _ = tensors(1024)
     waits = []
     for steps in (12, 13, 14):  # a few seconds of compile each
         with capture() as planned:

@@ -5,9 +5,10 @@ flash-linear-attention's GatedLinearAttention layer in its fused-recurrent mode 
 on the GPU, random weights.
 
 It knows nothing of jit_ahead except the two lifecycle calls an engine makes when JIT_AHEAD=1 is set
-(wait for what the helpers are building, then mark serving). Warmup at a few shapes, then REQUESTS
-forwards at random (batch, length) within the limits, the same sequence for the same --seed. Triton's compilation listener counts compile() calls
-with cache_hit False in warmup and in serving. Prints one line: RESULT {json}.
+(wait for what the helpers are building, then mark serving) and the demo's compile counter. Warmup at a
+few shapes, then REQUESTS forwards at random (batch, length) within the limits, the same sequence for the
+same --seed. Triton's compilation listener counts compile() calls with cache_hit False in warmup and in
+serving. Prints one line: RESULT {json}.
 
     python scripts/gpu/third_party_workload.py [--seed 0]
 """
@@ -33,20 +34,11 @@ def main() -> None:
     from fla.layers import GatedLinearAttention
     from liger_kernel.transformers import (LigerDyT, LigerFusedAddRMSNorm, LigerPolyNorm, LigerReLUSquared,
                                            LigerSoftmax, LigerSparsemax)
-    from triton import knobs
 
-    compiles = {"warmup": [], "serving": []}
-    phase = ["warmup"]
-    previous = knobs.compilation.listener
+    from jit_ahead.demo_models import CompileCounter  # a listener chained to jit_ahead's own when it is on
 
-    def listener(*, src, metadata, metadata_group, times, cache_hit, **kwargs):
-        if previous is not None:  # jit_ahead's own listener, when it is on
-            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
-                     **kwargs)
-        if not cache_hit:
-            compiles[phase[0]].append(getattr(src, "name", "?"))
-
-    knobs.compilation.listener = listener
+    counter = CompileCounter().install()
+    compiles = counter.compiled
     torch.manual_seed(0)
     modules = {"gla": GatedLinearAttention(hidden_size=HIDDEN, num_heads=HEADS, layer_idx=0),
                "add_norm": LigerFusedAddRMSNorm(HIDDEN), "dyt": LigerDyT(HIDDEN), "poly": LigerPolyNorm(in_place=False),
@@ -81,7 +73,7 @@ def main() -> None:
         session.wait_ready(timeout=600, priority=Priority.REPLAY)
         session.mark_serving()
     warmup_end_s = time.perf_counter() - T_START
-    phase[0] = "serving"
+    counter.phase = "serving"
     rng = random.Random(args.seed)
     latencies = [forward(rng.randint(1, MAX_BATCH), rng.randint(1, MAX_LEN)) for _ in range(REQUESTS)]
     result = {"jit_ahead": session is not None, "model_built_s": built_s, "warmup_end_s": warmup_end_s,
