@@ -10,7 +10,7 @@ import torch
 
 from jit_ahead.core.records import RecordFolder, rank_tag
 from jit_ahead.triton import capture
-from jit_ahead.triton.record import record_format
+from jit_ahead.triton.record import RecordedVariant, record_format
 
 from .conftest import REPO
 from .kernels import basic as k
@@ -31,18 +31,44 @@ print("READY", json.dumps(ready))
 """
 
 
-def serve_once(tmp_path, run: int, record_dir) -> list[dict]:
+TUNING_SERVER = """
+import json
+import triton  # JIT_AHEAD=1: the session starts here and reads the records
+import torch
+import jit_ahead
+from jit_ahead.triton.standin import ensure_driver
+ensure_driver()
+from tests.kernels import basic as k
+
+session = jit_ahead.current()
+x = torch.empty(4096, device="meta", dtype=torch.float16)
+with session.triton.capture() as plan:  # what planning asks helpers to build for this launch
+    k.stored_tuning_kernel[(4,)](x, x, 4096)
+planned = len(plan.requests)
+session.wait_ready(timeout=600, priority=jit_ahead.Priority.REPLAY)  # the replayed choices' variants are built
+for n in (4096, 1000):
+    k.stored_tuning_kernel[(4,)](x, x, n)
+chosen = sorted([list(key), str(config)] for key, config in k.stored_tuning_kernel.cache.items())
+print("RESULT", json.dumps({"planned": planned, "benchmarked": len(k.BENCHMARKED), "chosen": chosen}))
+"""
+
+
+def serve_once(tmp_path, run: int, record_dir, script: str = SERVER) -> list[dict]:
     """One 'server' run with JIT_AHEAD=1 on an empty Triton cache; its stats log events."""
     stats = tmp_path / f"stats-{run}.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
     env.update(JIT_AHEAD="1", JIT_AHEAD_RECORD_DIR=str(record_dir), JIT_AHEAD_STATS=str(stats),
                JIT_AHEAD_TRITON_WORKERS="1", TRITON_CACHE_DIR=str(tmp_path / f"cache-{run}"),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([sys.executable, "-c", SERVER], cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "READY true" in proc.stdout
-    return [json.loads(line) for line in stats.read_text().splitlines()]
+    events = [json.loads(line) for line in stats.read_text().splitlines()]
+    if script is SERVER:
+        assert "READY true" in proc.stdout
+    else:
+        events.append(json.loads(proc.stdout.split("RESULT ", 1)[1]))
+    return events
 
 
 def executor_compiles(events) -> list[str]:
@@ -71,12 +97,62 @@ def test_a_second_start_replays_the_first_ones_variants_and_compiles_nothing(tmp
     assert len(record.read_text().splitlines()) == 1 + len(launched)  # nothing recorded twice
 
 
-def planned_requests(blocks=(16, 32, 64)):
+def test_a_second_start_uses_the_first_ones_autotune_choices_without_benchmarking(tmp_path):
+    records = tmp_path / "records"
+    *_, first = serve_once(tmp_path, 1, records, TUNING_SERVER)
+    assert first["planned"] == 3  # nothing chosen yet: helpers build every config
+    assert first["benchmarked"] == 6  # three configs for each of two tuning keys
+    best = str(k.stored_tuning_kernel.configs[-1])
+    assert first["chosen"] == [[[1000, "torch.float16", "torch.float16"], best],
+                               [[4096, "torch.float16", "torch.float16"], best]]
+    (tuning,) = records.glob("triton-autotune-*.jsonl")
+    header, *entries = [json.loads(line) for line in tuning.read_text().splitlines()]
+    assert header["family"] == "triton-autotune" and header["device"] and header["target"] == list(TARGET)
+    assert sorted(e["key"][0] for e in entries) == [1000, 4096] and {e["best"] for e in entries} == {best}
+    (variants,) = records.glob(f"triton-????????????????-{rank_tag()}.jsonl")
+    _, *launched = [json.loads(line) for line in variants.read_text().splitlines()]
+    # per tuning key, the chosen config's variant is needed again; the other two were only benchmarked
+    assert len(launched) == 6 and sum(e.get("benchmark_only", False) for e in launched) == 4
+
+    *events, second = serve_once(tmp_path, 2, records, TUNING_SERVER)  # an empty Triton cache again
+    assert second["benchmarked"] == 0 and second["chosen"] == first["chosen"]
+    assert second["planned"] == 1  # planning asks for the chosen config only
+    (replayed,) = [e for e in events if e["event"] == "replay_autotune"]
+    assert replayed["choices"] == 2
+    (replay,) = [e for e in events if e["event"] == "replay"]
+    assert replay["variants"] == 6 and replay["benchmark_only"] == 4
+    spare = {e["key"] for e in events if e["event"] == "build_start" and e["priority"] == "SPARE"}
+    assert spare <= {e["hash"] for e in launched if e.get("benchmark_only")}
+    assert executor_compiles(events) == []
+    assert len(tuning.read_text().splitlines()) == 3 and len(variants.read_text().splitlines()) == 7  # no repeats
+
+
+def test_a_recorded_choice_for_changed_source_or_configs_is_not_used():
+    from jit_ahead.triton.autotune import KnownChoices, TuningChoice, choice_of
+
+    tuner = k.stored_tuning_kernel
+    key, configs = (64, "torch.float32", "torch.float32"), tuner.configs
+    tuner.cache[key] = configs[1]
+    try:
+        choice = choice_of(tuner, key, configs)
+    finally:
+        del tuner.cache[key]
+    assert choice is not None and choice.best == str(configs[1])
+    for variant, expected in ((choice, configs[1]),
+                              (TuningChoice(**{**choice.__dict__, "source_key": "0" * 64}), None),
+                              (TuningChoice(**{**choice.__dict__, "configs": choice.configs[:2]}), None)):
+        known = KnownChoices()
+        known.add([variant])
+        assert known.config_for(tuner, key, configs) is expected
+        assert known.config_for(tuner, (65, *key[1:]), configs) is None  # another tuning key
+
+
+def planned_requests(blocks=(16, 32, 64)) -> list[RecordedVariant]:
     x = torch.empty(4096, device="meta", dtype=torch.float32)
     with capture() as planned:
         for block in blocks:
             k.add_kernel[(1,)](x, x, x, 4096, BLOCK=block)
-    return planned.requests
+    return [RecordedVariant(r) for r in planned.requests]
 
 
 def test_records_of_all_ranks_merge_and_a_torn_line_is_skipped(tmp_path, caplog):
@@ -90,8 +166,8 @@ def test_records_of_all_ranks_merge_and_a_torn_line_is_skipped(tmp_path, caplog)
     with open(rank1.path, "a") as f:
         f.write('{"module": "tests.kernels.basic", "qualname"')  # a crash mid-line
     merged = RecordFolder(tmp_path, fmt, rank="rank2").read()
-    assert sorted(r.predicted_hash for r in merged) == sorted(r.predicted_hash for r in (a, b, c))
-    assert merged[0] == next(r for r in (a, b, c) if r.predicted_hash == merged[0].predicted_hash)
+    assert sorted(r.request.predicted_hash for r in merged) == sorted(r.request.predicted_hash for r in (a, b, c))
+    assert merged[0] == next(r for r in (a, b, c) if r.request.predicted_hash == merged[0].request.predicted_hash)
     assert any("1 unusable line(s) skipped" in r.getMessage() for r in caplog.records)
 
 
@@ -121,7 +197,7 @@ def test_entries_naming_no_importable_kernel_are_refused(tmp_path, caplog):
     with open(folder.path, "a") as f:
         for bad in ({"module": "os; import evil"}, {"qualname": "../../x"}, {"hash": "zz"}):
             f.write(json.dumps({**entry, **bad}) + "\n")
-    assert [r.predicted_hash for r in RecordFolder(tmp_path, fmt).read()] == [good.predicted_hash]
+    assert [r.request.predicted_hash for r in RecordFolder(tmp_path, fmt).read()] == [good.request.predicted_hash]
     assert any("3 unusable line(s)" in r.getMessage() for r in caplog.records)
 
 

@@ -93,6 +93,7 @@ class ForkServer:
         self._sock: socket.socket | None = None
         self._outbox = None
         self._gone = threading.Event()
+        self._closing = False  # set once close() asks it to exit
 
     @property
     def process(self) -> subprocess.Popen | None:
@@ -155,6 +156,7 @@ class ForkServer:
         """Ask the fork server to exit (its helpers are stopped first by the pool); kill it after grace."""
         if self._proc is None:
             return
+        self._closing = True
         if self._proc.poll() is None:
             # A request in flight (an import) holds the lock: then there is nothing to wait for; kill.
             if self._request_lock.acquire(timeout=0.1):
@@ -214,7 +216,10 @@ class ForkServer:
                 else:
                     self._replies.put(message)
         except (ProtocolError, OSError, ValueError) as exc:
-            log.error("fork server: broken control stream (%s)", exc)
+            if self._closing:  # it exits on our Shutdown; a reset then is its socket closing, not a fault
+                log.debug("fork server: control stream closed while shutting down (%s)", exc)
+            else:
+                log.error("fork server: broken control stream (%s)", exc)
         finally:
             self._gone.set()
             self._replies.put(None)  # wakes a request waiting for its reply

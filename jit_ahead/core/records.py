@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ log = logging.getLogger("jit_ahead.records")
 
 KNOB = "JIT_AHEAD_RECORD_DIR"
 FORMAT = 1
+_FILE_NAME = re.compile(r"[0-9a-f]{16}-rank\d+\.jsonl")  # after "{family}-"
 
 # Variables launchers set to say which rank this process is, most specific first.
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -99,6 +101,8 @@ class RecordFolder:
             return []
         merged: dict[str, object] = {}
         for path in sorted(self.folder.glob(f"{self.format.family}-*.jsonl")):
+            if not _FILE_NAME.fullmatch(path.name[len(self.format.family) + 1:]):
+                continue  # another family whose name starts like this one ("triton-autotune-...")
             for item in self._read_file(path):
                 merged.setdefault(self.format.key_of(item), item)
         return list(merged.values())

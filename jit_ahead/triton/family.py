@@ -16,10 +16,10 @@ from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
-from . import hook
+from . import autotune, hook
 from .load import TritonExecutor
 from .plan import Capture, capture
-from .record import record_format
+from .record import RecordedVariant, record_format
 from .request import FAMILY, TritonCompileRequest
 from .spec import not_importable, on_disk
 
@@ -46,10 +46,12 @@ class TritonFamily:
                                        guard=core_knobs.guard_mode())
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._previous_listener = None
-        # JIT_AHEAD_RECORD_DIR: variants seen before the records are open wait in _unrecorded.
+        # JIT_AHEAD_RECORD_DIR: variants and autotune choices seen before the records are open wait in
+        # _unrecorded as (folder attribute, item).
         self.records: RecordFolder | None = None
+        self.tuning_records: RecordFolder | None = None
         self._records_lock = threading.Lock()
-        self._unrecorded: list[TritonCompileRequest] | None = None
+        self._unrecorded: list[tuple[str, object]] | None = None
         self._replay_thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -57,6 +59,7 @@ class TritonFamily:
         if os.environ.get(RECORD_KNOB, "").strip():
             self._unrecorded = []
             self.executor.recorder = self._record
+            autotune.install_recorder(self._record_choice)
             self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
                                                    name="jit_ahead-triton-replay")
             self._replay_thread.start()
@@ -66,6 +69,10 @@ class TritonFamily:
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
     def capture(self, target=None):
+        # Recorded autotune choices narrow what planning asks for: apply them first.
+        if not self.wait_replay(timeout=60):
+            log.warning("triton: records still being read after 60 s; planning goes on without their "
+                        "autotune choices")
         return capture(target)
 
     def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
@@ -81,25 +88,46 @@ class TritonFamily:
 
     # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
     def _open_records_and_replay(self) -> None:
-        """Read the matching records of every rank and queue their variants at REPLAY, then record."""
+        """Read the matching records of every rank, apply their autotune choices and queue their
+        variants at REPLAY, then record."""
+        tuning = self._open_tuning_records()
         try:
             folder = record_folder(record_format(self.device_view.triton_target))
-            replayed = folder.read() if folder is not None else []
+            items = folder.read() if folder is not None else []
+            replayed = [item.request for item in items if not item.benchmark_only]
+            spare = [item.request for item in items if item.benchmark_only]
             tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
-            self.pool.stats.emit("replay", family=FAMILY, variants=len(replayed), queued=len(tickets),
-                                 folder=str(folder.folder) if folder else None,
+            tickets += self.submit(spare, Priority.SPARE, source="record") if spare else []
+            self.pool.stats.emit("replay", family=FAMILY, variants=len(items), benchmark_only=len(spare),
+                                 queued=len(tickets), folder=str(folder.folder) if folder else None,
                                  file=str(folder.path) if folder else None)
-            if replayed:
-                log.info("triton: replaying %d recorded variants (%d not on disk yet) from %s", len(replayed),
-                         len(tickets), folder.folder)
+            if items:
+                log.info("triton: replaying %d recorded variants (%d only benchmarked, built last; %d not on "
+                         "disk yet) from %s", len(items), len(spare), len(tickets), folder.folder)
         except Exception:  # records are an optimisation: the server runs on without them
             log.exception("triton: %s could not be read; no replay, no recording", RECORD_KNOB)
             folder = None
         with self._records_lock:
             self.records = folder if folder is not None and folder.usable else None
+            self.tuning_records = tuning if tuning is not None and tuning.usable else None
             pending, self._unrecorded = self._unrecorded or [], None
-        if self.records is not None:
-            self.records.add(r for r in pending if _fits_header(self.records, r))
+        for kind, item in pending:
+            self._add_record(kind, item)
+
+    def _open_tuning_records(self) -> RecordFolder | None:
+        """The autotune choices of earlier starts on this GPU model, for autotuners to answer from."""
+        try:
+            folder = record_folder(autotune.record_format(self.device_view.triton_target, self.device_view.name))
+            choices = folder.read() if folder is not None else []
+            autotune.KNOWN.add(choices)
+            if choices:
+                log.info("triton: %d recorded autotune choices from %s", len(choices), folder.folder)
+                self.pool.stats.emit("replay_autotune", family=FAMILY, choices=len(choices),
+                                     file=str(folder.path))
+            return folder
+        except Exception:  # an optimisation: the autotuners benchmark as they would without it
+            log.exception("triton: recorded autotune choices could not be read; autotuners benchmark")
+            return None
 
     def wait_replay(self, timeout: float | None = None) -> bool:
         """Wait until the records are read and their variants queued; True if that happened in time."""
@@ -111,15 +139,34 @@ class TritonFamily:
 
     def _record(self, request: TritonCompileRequest) -> None:
         """Every variant this process compiled or loaded, once (the executor's first launch of it)."""
-        if not is_dotted_name(request.module) or not_importable(request.module, request.qualname):
-            return  # a helper could not import it, so it cannot be replayed
+        benchmark = autotune.benchmark_in_progress()
+        if benchmark is not None:  # recorded with the autotuner's choice, once it is made
+            benchmark.launched.append((request, benchmark.config))
+            return
+        self._add_record("records", RecordedVariant(request))
+
+    def _record_choice(self, choice: autotune.TuningChoice | None, launched: list) -> None:
+        """An autotune choice this process made or loaded from Triton's cache, and the variants its
+        benchmark launched first: those of configs it did not choose are benchmark-only."""
+        if choice is not None:
+            self._add_record("tuning_records", choice)
+        for request, config in launched:
+            not_chosen = choice is not None and str(config) != choice.best
+            self._add_record("records", RecordedVariant(request, benchmark_only=not_chosen))
+
+    def _add_record(self, kind: str, item) -> None:
+        if not is_dotted_name(item.module) or not_importable(item.module, item.qualname):
+            return  # a helper (or the next start) could not import it, so it cannot be replayed
         with self._records_lock:
             if self._unrecorded is not None:
-                self._unrecorded.append(request)
+                self._unrecorded.append((kind, item))
                 return
-            records = self.records
-        if records is not None and _fits_header(records, request):
-            records.add([request])
+            records = getattr(self, kind)
+        if records is None:
+            return
+        if kind == "records" and not _fits_header(records, item.request):
+            return
+        records.add([item])
 
     def _on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
         """Triton's compilation listener: every compile() of this process, a disk hit or a real compile."""
@@ -136,8 +183,10 @@ class TritonFamily:
         hook.clear_miss_handler(self._on_miss)
         if self._replay_thread is not None:
             self._replay_thread.join(timeout=grace)
-        if self.records is not None:
-            self.records.close()
+        autotune.remove_recorder(self._record_choice)
+        for records in (self.records, self.tuning_records):
+            if records is not None:
+                records.close()
         if knobs.compilation.listener == self._on_compile:
             knobs.compilation.listener = self._previous_listener
         self.pool.close(grace)

@@ -8,11 +8,13 @@ stand-in driver supplies the target.
 
 Autotuned kernels record every config that survives pruning: Triton's ``Autotuner.run`` would benchmark
 them, which needs a GPU, so while a capture is active in the calling context it is replaced by a pass that
-requests each pruned config instead.
+requests each pruned config instead, or only the chosen one where the autotuner already holds a choice
+for the tuning key (a recorded choice: ``autotune.py``).
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import json
 import threading
@@ -24,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
-from . import hook
+from . import autotune, hook
 from .request import TritonCompileRequest
 from .spec import decode_options, on_disk, predict_hash, target_tuple
 from .standin import ensure_driver
@@ -124,13 +126,49 @@ class Capture:
 _original_autotuner_run = Autotuner.run
 
 
+class _NoChoiceYet(Exception):
+    def __init__(self, tuning_key) -> None:
+        super().__init__(tuning_key)
+        self.tuning_key = tuning_key
+
+
+class _ChoicesOf(dict):
+    """An autotuner's cache as Autotuner.run sees it inside a capture: every key looks known, so run()
+    computes the tuning key its own way and asks for the choice; one not made yet raises _NoChoiceYet."""
+
+    def __init__(self, real: dict) -> None:
+        super().__init__()
+        self.real = real
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def __getitem__(self, key):
+        try:
+            return self.real[key]
+        except KeyError:
+            raise _NoChoiceYet(key) from None
+
+
 def _capturing_autotuner_run(self, *args, **kwargs):
-    """In a capture, request every pruned config instead of benchmarking (which needs a GPU)."""
+    """In a capture, request the config this autotuner already chose for these arguments (earlier in this
+    process, or in a recorded start: ``autotune.KNOWN``), else every pruned config: Triton's ``run`` would
+    benchmark them, which needs a GPU."""
     if hook.capturing.get() is None:
         return _original_autotuner_run(self, *args, **kwargs)
+    probe = copy.copy(self)  # Triton's own run() on a private copy whose cache answers from the real one
+    probe.cache = _ChoicesOf(self.cache)
+    try:
+        return _original_autotuner_run(probe, *args, **kwargs)
+    except _NoChoiceYet as missing:
+        tuning_key = missing.tuning_key
     self.nargs = dict(zip(self.arg_names, args))
     try:
-        for config in self.prune_configs(kwargs):
+        pruned = self.prune_configs(kwargs)
+        known = None
+        if self.cache_results and not any(c.pre_hook for c in pruned):  # what check_disk_cache would see
+            known = autotune.KNOWN.config_for(self, tuning_key, pruned)
+        for config in pruned if known is None else [known]:
             self.fn.run(*args, **kwargs, **config.all_kwargs())
     finally:
         self.nargs = None

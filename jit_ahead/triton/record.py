@@ -1,6 +1,8 @@
 """The Triton family's records (``JIT_AHEAD_RECORD_DIR``): header fields and one entry per variant.
 
-An entry is a TritonCompileRequest as JSON: enough for a helper to rebuild the variant exactly. The
+An entry is a TritonCompileRequest as JSON: enough for a helper to rebuild the variant exactly, marked
+``benchmark_only`` when the process launched it only while an autotuner benchmarked a config it did not
+choose (replay builds those last: with the recorded choice, nothing launches them again). The
 header pins what the predicted hashes depend on besides the kernel source: Triton's version and install
 key, the Python ABI, the target and the cache-invalidating environment. A kernel whose source changed
 since it was recorded rebuilds under a new hash, which its helper reports as a hash mismatch.
@@ -8,6 +10,7 @@ since it was recorded rebuilds under a new hash, which its helper reports as a h
 from __future__ import annotations
 
 import sysconfig
+from dataclasses import dataclass
 
 import triton
 
@@ -29,16 +32,34 @@ def header(target: tuple[str, int, int]) -> dict:
             "env": _cache_invalidating_env()}
 
 
-def encode(request: TritonCompileRequest) -> dict:
-    return {"module": request.module, "qualname": request.qualname, "name": request.name,
-            "spec": request.specialization_data, "hash": request.predicted_hash}
+@dataclass(frozen=True)
+class RecordedVariant:
+    request: TritonCompileRequest
+    benchmark_only: bool = False
+
+    @property
+    def module(self) -> str:
+        return self.request.module
+
+    @property
+    def qualname(self) -> str:
+        return self.request.qualname
+
+
+def encode(item: RecordedVariant) -> dict:
+    request = item.request
+    entry = {"module": request.module, "qualname": request.qualname, "name": request.name,
+             "spec": request.specialization_data, "hash": request.predicted_hash}
+    if item.benchmark_only:
+        entry["benchmark_only"] = True
+    return entry
 
 
 def decode_for(target: tuple[str, int, int], env: list[list[str]]):
     """Entries carry no target or environment of their own: the header they were read under pins both."""
     env_pairs = tuple((k, v) for k, v in env)
 
-    def decode(entry: dict) -> TritonCompileRequest:
+    def decode(entry: dict) -> RecordedVariant:
         module, qualname, name = entry["module"], entry["qualname"], entry["name"]
         if not (is_dotted_name(module) and is_dotted_name(qualname) and str(name).isidentifier()):
             raise ValueError(f"not a kernel name: {module!r} {qualname!r}")
@@ -46,12 +67,13 @@ def decode_for(target: tuple[str, int, int], env: list[list[str]]):
         if not (isinstance(spec, str) and isinstance(digest, str) and len(digest) == 64
                 and all(c in "0123456789abcdef" for c in digest)):
             raise ValueError("bad specialization or hash")
-        return TritonCompileRequest(module, qualname, name, spec, tuple(target), env_pairs, digest)
+        request = TritonCompileRequest(module, qualname, name, spec, tuple(target), env_pairs, digest)
+        return RecordedVariant(request, entry.get("benchmark_only") is True)
 
     return decode
 
 
 def record_format(target: tuple[str, int, int]) -> RecordFormat:
     fields = header(target)
-    return RecordFormat(family=FAMILY, header=fields, key_of=lambda r: r.predicted_hash, encode=encode,
+    return RecordFormat(family=FAMILY, header=fields, key_of=lambda item: item.request.predicted_hash, encode=encode,
                         decode=decode_for(tuple(fields["target"]), fields["env"]))

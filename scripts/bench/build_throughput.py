@@ -50,10 +50,11 @@ def serial_arm(requests) -> float:
     return time.perf_counter() - t0
 
 
-def pool_arm(requests, workers: int, start: str) -> dict:
+def ready_pool(requests, workers: int, start: str):
+    """A fresh pool of ``workers`` helpers writing to an empty cache, started, its helpers up and holding
+    the kernel modules; returns the pool, its stats events and the start and ready times."""
     from jit_ahead.core import device_view
     from jit_ahead.core.pool import HelperPool
-    from jit_ahead.core.priority import Priority
     from jit_ahead.core.stats import Stats
     from jit_ahead.triton.family import SPEC
 
@@ -71,10 +72,22 @@ def pool_arm(requests, workers: int, start: str) -> dict:
     ready_event = "helper_ready" if start == "fork" else "helper_preloaded"
     while sum(e["event"] == ready_event for e in events) < workers:
         time.sleep(0.01)
-    ready = time.perf_counter()
+    return pool, events, (started, started_wall), time.perf_counter()
+
+
+def build_all(pool, requests) -> list:
+    """Submit every request and wait for all of them; the finished tickets."""
+    from jit_ahead.core.priority import Priority
+
     tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in requests]
     for ticket in tickets:
         ticket.wait(None)
+    return tickets
+
+
+def pool_arm(requests, workers: int, start: str) -> dict:
+    pool, events, (started, started_wall), ready = ready_pool(requests, workers, start)
+    tickets = build_all(pool, requests)
     done = time.perf_counter()
     first_finish = min(e["time"] for e in events if e["event"] == "build_finish")
     pool.close()
@@ -83,6 +96,20 @@ def pool_arm(requests, workers: int, start: str) -> dict:
             "first_build_after_start_s": first_finish - started_wall,
             "helper_build_s_sum": sum(t.result.seconds for t in tickets), "failed": len(failed),
             "first_error": failed[0][-500:] if failed else None}
+
+
+def planned_variants(every: int = 1) -> list:
+    """Every ``every``-th of the ~260 Liger-Kernel and fla variants of examples.sweep_launches."""
+    from jit_ahead import examples
+    from jit_ahead.triton import capture
+    from jit_ahead.triton.standin import ensure_driver
+
+    ensure_driver()  # the GPU, or an H200's view without one; before fla reads the device at import
+    examples.import_libraries()
+    with capture() as planned:
+        for launch in examples.sweep_launches():
+            launch()
+    return planned.requests[::every]
 
 
 def worker_counts(limit: int) -> list[int]:
@@ -103,17 +130,7 @@ def main() -> int:
     parser.add_argument("--start", default="fork", help="helper start modes to run, comma-separated: fork,spawn")
     args = parser.parse_args()
 
-    from jit_ahead import examples
-    from jit_ahead.triton import capture
-    from jit_ahead.triton.standin import ensure_driver
-
-    ensure_driver()  # the GPU, or an H200's view without one; before fla reads the device at import
-    examples.import_libraries()
-
-    with capture() as planned:
-        for launch in examples.sweep_launches():
-            launch()
-    requests = planned.requests[:: args.every]
+    requests = planned_variants(args.every)
     print(f"variants: {len(requests)}", flush=True)
 
     info = versions()

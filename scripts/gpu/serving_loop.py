@@ -1,11 +1,16 @@
 """A serving-like loop on the GPU: cold start with jit_ahead against warm and cold starts without it.
 
 For each model (a small Qwen3-style transformers model patched with Liger-Kernel; a small fla
-GatedDeltaNet model; random weights, no downloads), three arms, each a fresh process:
-  cold        empty Triton cache, no jit_ahead          (what users suffer today)
-  warm        the cache the cold arm left, no jit_ahead (the lower bound)
-  cold-jit    empty Triton cache, jit_ahead: the model is planned at construction within the limits,
-              built by CPU-only helpers; the server waits for WARMUP variants, warms up, serves
+GatedDeltaNet model; random weights, no downloads), these arms, each a fresh process:
+  cold              empty Triton cache, no jit_ahead          (what users suffer today)
+  warm              the cache the cold arm left, no jit_ahead (the lower bound)
+  cold-jit          empty Triton cache, jit_ahead: the model is planned at construction within the
+                    limits, built by CPU-only helpers; the server waits for WARMUP variants, warms up,
+                    serves. With cold-jit-replay in the run it also records (JIT_AHEAD_RECORD_DIR).
+  cold-jit-replay   empty Triton cache again, jit_ahead with cold-jit's record folder: a deployment's
+                    second start on a fresh machine (variants and autotune choices replayed)
+  cold-jit-overlap  as cold-jit, but warmup starts once planning has queued everything, without waiting
+                    for the builds: each launch waits for its own variant
 Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch sizes, one full prefill),
 mark serving, then REQUESTS random requests (batch size, prompt length within the limits; prefill plus
 NEW_TOKENS decode steps). Triton's compilation listener counts compile() calls with cache_hit False
@@ -45,7 +50,10 @@ def run_arm(model_name: str, arm: str) -> dict:
     warnings = _collect_warnings()
     session = None
     timeline: list[tuple] = []  # (event, seconds since process start, helper, priority) from jit_ahead's stats
-    if arm == "cold-jit":
+    gc_pauses = _time_gc(counter)
+    host_builds = _time_host_builds(counter)
+    misses: list[dict] = []  # jit_ahead's executor misses in serving: what a slow request waited for
+    if arm.startswith("cold-jit"):
         from jit_ahead.core.session import Session
 
         from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
@@ -56,6 +64,12 @@ def run_arm(model_name: str, arm: str) -> dict:
         session = Session(triton={"preload": provider.modules})
         session.stats.subscribe(lambda e: timeline.append((e["event"], round(e["time"] - T_START_WALL, 2),
                                                             e.get("helper"), e.get("priority"))))
+
+        def note_serving_miss(e: dict) -> None:
+            if e["event"] == "executor_miss" and counter.phase == "serving":
+                misses.append({k: e.get(k) for k in ("time", "outcome", "label", "seconds")})
+
+        session.stats.subscribe(note_serving_miss)
         session.start()
     make = demo_models.liger_qwen3 if model_name == "qwen3-liger" else demo_models.fla_gated_deltanet
     torch.manual_seed(0)
@@ -63,7 +77,10 @@ def run_arm(model_name: str, arm: str) -> dict:
     t_model = time.perf_counter() - T_START
     if session is not None:
         run = session.plan_model(model, limits)
-        session.wait_ready(timeout=600)
+        if arm == "cold-jit-overlap":
+            run.wait(timeout=600)
+        else:
+            session.wait_ready(timeout=600)
     t_ready = time.perf_counter() - T_START
     demo_models.warmup(model, limits, "cuda")
     torch.cuda.synchronize()
@@ -72,7 +89,8 @@ def run_arm(model_name: str, arm: str) -> dict:
     if session is not None:
         session.mark_serving()
     latencies = []
-    for i, (batch, prompt) in enumerate(demo_models.request_shapes(limits, REQUESTS, seed=1)):
+    shapes = demo_models.request_shapes(limits, REQUESTS, seed=1)
+    for i, (batch, prompt) in enumerate(shapes):
         t0 = time.perf_counter()
         demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i)
         torch.cuda.synchronize()
@@ -83,7 +101,11 @@ def run_arm(model_name: str, arm: str) -> dict:
               "median_request_s": sorted(latencies)[len(latencies) // 2],
               "executor_compiles_warmup": len(compiles["warmup"]),
               "executor_compiles_serving": len(compiles["serving"]),
-              "serving_compiled_kernels": sorted(set(compiles["serving"])), "jit_ahead_warnings": warnings}
+              "serving_compiled_kernels": sorted(set(compiles["serving"])), "jit_ahead_warnings": warnings,
+              "request_s": [round(t, 4) for t in latencies], "request_shapes": [list(s) for s in shapes],
+              "gc_gen2_serving_s": [round(t, 4) for t in gc_pauses["serving"]],
+              "host_gcc_builds_s": {phase: [round(t, 3) for t in times] for phase, times in host_builds.items()},
+              "serving_misses": [dict(m, time=round(m["time"] - T_START_WALL, 3)) for m in misses]}
     if session is not None:
         tickets = run.tickets
         result.update(planned_variants=sum(run.variants.values()), planning_s=run.seconds,
@@ -92,6 +114,44 @@ def run_arm(model_name: str, arm: str) -> dict:
                       milestones=_milestones(timeline))
         session.close()
     return result
+
+
+def _time_gc(counter) -> dict[str, list[float]]:
+    """Seconds of each full (generation 2) garbage collection, by phase: a suspect for slow requests."""
+    import gc
+
+    pauses: dict[str, list[float]] = {"warmup": [], "serving": []}
+    started = [0.0]
+
+    def on_gc(phase, info):
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.setdefault(counter.phase, []).append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
+    return pauses
+
+
+def _time_host_builds(counter) -> dict[str, list[float]]:
+    """Seconds of each gcc build of a host module (Triton 3.6's per-signature launcher, cuda_utils) in
+    this process, by phase: work no compile listener sees."""
+    from triton.runtime import build
+
+    builds: dict[str, list[float]] = {"warmup": [], "serving": []}
+    original = build._build
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            builds.setdefault(counter.phase, []).append(time.perf_counter() - t0)
+
+    build._build = timed
+    return builds
 
 
 def _milestones(timeline: list[tuple]) -> dict:
@@ -156,13 +216,17 @@ def main() -> int:
         return 0
     results = []
     for model in args.models.split(","):
-        with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as with_jit:
+        with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as with_jit, \
+                tempfile.TemporaryDirectory() as scratch:
             arms = args.arms.split(",")
             warm_cache = plain if "cold" in arms else with_jit
             caches = {"cold": plain, "warm": warm_cache, "cold-jit": with_jit}
+            records = tempfile.mkdtemp(prefix="records_", dir=scratch) if "cold-jit-replay" in arms else None
             for arm in arms:
-                cache = caches[arm]
+                cache = caches.get(arm) or tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch)  # empty
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
+                if records and arm in ("cold-jit", "cold-jit-replay"):
+                    env["JIT_AHEAD_RECORD_DIR"] = records
                 t0 = time.perf_counter()
                 try:
                     proc = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", model],
@@ -199,14 +263,14 @@ def main() -> int:
     lines = [f"# Serving loop, cold with jit_ahead vs warm and cold without ({report['date']})", "",
              "`python scripts/gpu/serving_loop.py --out docs/gpu`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
              f"; {REQUESTS} random requests (prefill + {NEW_TOKENS} decode steps) after warmup.", "",
-             "| model | arm | process wall s | warmup end s | end s | executor compiles warmup / serving | worst request s | cold-jit / warm (end) |",
+             "| model | arm | process wall s | warmup end s | end s | executor compiles warmup / serving | worst request s | jit_ahead / warm (end) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['arm']} | {r['error'][:60]} | | | | | |")
             continue
         warm = next((w for w in results if w["model"] == r["model"] and w["arm"] == "warm" and "error" not in w), None)
-        ratio = f"{r['end_s'] / warm['end_s']:.2f}" if warm and r["arm"] == "cold-jit" else ""
+        ratio = f"{r['end_s'] / warm['end_s']:.2f}" if warm and r["arm"].startswith("cold-jit") else ""
         lines.append(f"| {r['model']} | {r['arm']} | {r['process_wall_s']:.1f} | {r['warmup_end_s']:.1f} | {r['end_s']:.1f} | "
                      f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | {r['worst_request_s']:.2f} | {ratio} |")
     with open(os.path.join(args.out, "serving_loop.md"), "w") as f:

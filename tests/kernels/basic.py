@@ -57,3 +57,26 @@ def slow_kernel(x_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
     for i in tl.static_range(STEPS):
         acc = acc * 1.0001 + tl.sin(acc + i)
     tl.store(x_ptr + offs, acc)
+
+
+# Configs the next kernel's benchmarker timed in this process. With no GPU there is nothing to time: it
+# launches the config once (so it compiles, as on a GPU) and reports each later config as faster, so the
+# autotuner's choice is the last config, not simply the first.
+BENCHMARKED: list[int] = []
+
+
+def _bench_prefers_later(kernel_call, quantiles=None, **kwargs):
+    kernel_call()
+    BENCHMARKED.append(1)
+    t = 1000.0 - len(BENCHMARKED)
+    return [t] * len(quantiles) if quantiles else t
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=4),
+                          triton.Config({"BLOCK": 512}, num_warps=8)], key=["n"], cache_results=True,
+                 do_bench=_bench_prefers_later)
+@triton.jit
+def stored_tuning_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)

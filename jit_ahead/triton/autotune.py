@@ -1,0 +1,191 @@
+"""Autotuner choices in records: a start with an empty cache skips the benchmarks an earlier start ran.
+
+An autotuned launch with a new tuning key benchmarks every pruned config on the GPU (for fla's chunked
+kernels, tens of seconds of warmup) and, with ``cache_results``, stores the timings in Triton's cache.
+Helpers cannot benchmark: they have no GPU. So with ``JIT_AHEAD_RECORD_DIR`` set, the choice each
+autotuner made (or loaded from Triton's cache) is recorded next to the variants, under a header that
+adds the GPU's name to the Triton one (timings from one GPU model say nothing about another). A later
+start answers from the recorded choices where Triton would look its stored timings up
+(``Autotuner.check_disk_cache``): the first launch for that key runs the chosen config at once, as on a
+warm cache. Planning sees the choices too and asks helpers for the chosen config's variant only.
+
+Only autotuners whose library stores results (``cache_results``: Triton calls ``check_disk_cache``) are
+recorded and answered; a choice is used only if the kernel's source (``JITFunction.cache_key``), the
+tuning key and the pruned configs are what was recorded. No kernel module is imported to apply one.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from triton.runtime.autotuner import Autotuner
+
+from ..core.records import RecordFormat, is_dotted_name
+from .record import header as triton_header
+from .spec import unwrap_jit_function
+
+log = logging.getLogger("jit_ahead.triton.autotune")
+
+FAMILY = "triton-autotune"
+_KEY_TYPES = (int, float, str, bool, type(None))
+
+
+@dataclass(frozen=True)
+class TuningChoice:
+    """One autotuner's choice for one tuning key."""
+
+    module: str
+    qualname: str  # of the @triton.jit function under the autotuner
+    source_key: str  # JITFunction.cache_key: the kernel's source and its dependencies
+    key: tuple  # the tuning key, as Autotuner.run computes it
+    configs: tuple[str, ...]  # str() of every pruned config it chose from
+    best: str  # str() of the chosen config
+
+    @property
+    def identity(self) -> str:
+        return json.dumps([self.module, self.qualname, self.source_key, list(self.key), list(self.configs)])
+
+
+def _identity(autotuner: Autotuner, tuning_key, configs) -> tuple | None:
+    kernel = unwrap_jit_function(autotuner)
+    if kernel is None or not all(isinstance(v, _KEY_TYPES) for v in tuning_key):
+        return None
+    return (kernel.module, kernel.fn.__qualname__, kernel.cache_key, tuple(tuning_key),
+            tuple(str(c) for c in configs))
+
+
+def choice_of(autotuner: Autotuner, tuning_key, configs) -> TuningChoice | None:
+    """The choice ``autotuner`` holds for ``tuning_key`` after benchmarking (or loading) ``configs``."""
+    best = autotuner.cache.get(tuning_key)
+    identity = _identity(autotuner, tuning_key, configs)
+    if best is None or identity is None:
+        return None
+    return TuningChoice(*identity, str(best))
+
+
+class KnownChoices:
+    """The recorded choices of earlier starts, looked up where Triton would look in its own cache."""
+
+    def __init__(self) -> None:
+        self._by_identity: dict[tuple, TuningChoice] = {}
+        self._lock = threading.Lock()
+
+    def add(self, choices) -> None:
+        with self._lock:
+            for choice in choices:
+                self._by_identity[(choice.module, choice.qualname, choice.source_key, choice.key,
+                                   choice.configs)] = choice
+
+    def __len__(self) -> int:
+        return len(self._by_identity)
+
+    def config_for(self, autotuner: Autotuner, tuning_key, configs):
+        """The Config among ``configs`` recorded as the choice for this kernel source, key and configs."""
+        if not self._by_identity:
+            return None
+        identity = _identity(autotuner, tuning_key, configs)
+        choice = self._by_identity.get(identity) if identity is not None else None
+        if choice is None:
+            return None
+        return next((c for c in configs if str(c) == choice.best), None)
+
+
+KNOWN = KnownChoices()
+
+
+# -- Autotuner.check_disk_cache: where Triton loads or stores a choice, so where records do too ------------
+class Benchmark:
+    """One autotuner's benchmark in progress on this thread: the variants first launched for each config,
+    so that those of configs it did not choose can be recorded as benchmark-only."""
+
+    def __init__(self) -> None:
+        self.config = None  # the config being timed (Autotuner._bench)
+        self.launched: list[tuple[object, object]] = []  # (variant, config)
+
+
+_benchmark: contextvars.ContextVar[Benchmark | None] = contextvars.ContextVar("jit_ahead_benchmark", default=None)
+_original_check_disk_cache = Autotuner.check_disk_cache
+_original_bench = Autotuner._bench
+ChoiceRecorder = Callable[[TuningChoice | None, list], None]
+_recorder: ChoiceRecorder | None = None
+_lock = threading.Lock()
+
+
+def benchmark_in_progress() -> Benchmark | None:
+    """The benchmark this thread is inside, if an autotuner is timing configs right now."""
+    return _benchmark.get()
+
+
+def _check_disk_cache_with_records(self, tuning_key, configs, bench_fn):
+    storable = not any(c.pre_hook for c in configs)  # Triton neither stores nor loads the others
+    if storable:
+        known = KNOWN.config_for(self, tuning_key, configs)
+        if known is not None:  # as if Triton had found the timings in its cache
+            self.cache[tuning_key] = known
+            return True
+    benchmark = Benchmark()
+    token = _benchmark.set(benchmark)
+    try:
+        used_cached = _original_check_disk_cache(self, tuning_key, configs, bench_fn)
+    finally:
+        _benchmark.reset(token)
+    recorder = _recorder
+    if recorder is not None:
+        try:
+            recorder(choice_of(self, tuning_key, configs) if storable else None, benchmark.launched)
+        except Exception:  # recording must never break a launch
+            log.exception("recording the autotune choice of %s failed", getattr(self, "base_fn", self))
+    return used_cached
+
+
+def _bench_naming_the_config(self, *args, config, **meta):
+    benchmark = _benchmark.get()
+    if benchmark is not None:
+        benchmark.config = config
+    return _original_bench(self, *args, config=config, **meta)
+
+
+def install_recorder(recorder: ChoiceRecorder) -> None:
+    """``recorder(choice, launched)`` after every check_disk_cache: the choice (None if not storable) and
+    the (variant, config) pairs the benchmark launched first."""
+    global _recorder
+    with _lock:
+        _recorder = recorder
+        Autotuner.check_disk_cache = _check_disk_cache_with_records
+        Autotuner._bench = _bench_naming_the_config
+
+
+def remove_recorder(recorder: ChoiceRecorder) -> None:
+    global _recorder
+    with _lock:
+        if _recorder == recorder:
+            _recorder = None
+            Autotuner.check_disk_cache = _original_check_disk_cache
+            Autotuner._bench = _original_bench
+
+
+# -- the record format ------------------------------------------------------------------------------------
+def encode(choice: TuningChoice) -> dict:
+    return {"module": choice.module, "qualname": choice.qualname, "source_key": choice.source_key,
+            "key": list(choice.key), "configs": list(choice.configs), "best": choice.best}
+
+
+def decode(entry: dict) -> TuningChoice:
+    module, qualname = entry["module"], entry["qualname"]
+    if not (is_dotted_name(module) and is_dotted_name(qualname)):
+        raise ValueError(f"not a kernel name: {module!r} {qualname!r}")
+    key, configs, best, source_key = entry["key"], entry["configs"], entry["best"], entry["source_key"]
+    if not (isinstance(key, list) and all(isinstance(v, _KEY_TYPES) for v in key) and isinstance(configs, list)
+            and all(isinstance(c, str) for c in configs) and isinstance(best, str) and isinstance(source_key, str)):
+        raise TypeError("bad tuning key, configs or choice")
+    return TuningChoice(module, qualname, source_key, tuple(key), tuple(configs), best)
+
+
+def record_format(target: tuple[str, int, int], device_name: str) -> RecordFormat:
+    """Triton's header plus the GPU's name: the timings behind a choice belong to that GPU model."""
+    return RecordFormat(family=FAMILY, header={**triton_header(target), "device": device_name},
+                        key_of=lambda choice: choice.identity, encode=encode, decode=decode)
