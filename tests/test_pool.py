@@ -248,3 +248,23 @@ def test_spawn_mode_starts_each_helper_as_its_own_interpreter(triton_cache, pool
     assert not any(e["event"].startswith("forkserver") for e in pool.events)
     (helper,) = pool.helper_pids().values()
     assert psutil.Process(helper).ppid() == os.getpid()
+
+
+def test_once_serving_starts_helpers_beyond_serving_workers_stop_and_the_rest_finish_the_queue(triton_cache, pools):
+    pool = make_pool(triton_cache, workers=2, serving_workers=1)
+    pools.append(pool)
+    x = torch.empty(1024, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for steps in range(2, 14):  # builds of up to a few seconds each on a CPU
+            k.slow_kernel.warmup(x, STEPS=steps, BLOCK=256, grid=(1,))
+    tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in planned.requests]
+    pool.start()
+    while sum(e["event"] == "build_start" for e in pool.events) < 2:  # both helpers are building
+        time.sleep(0.01)
+    pool.retire_when_idle()
+    assert all(t.wait(300) is State.DONE for t in tickets)  # nothing queued is dropped
+    events = list(pool.events)
+    first_retired = next(i for i, e in enumerate(events) if e["event"] == "helper_retired")
+    assert events[first_retired]["helper"] == "helper-1"  # it stopped after its build; the queue was not empty
+    later = [e["helper"] for e in events[first_retired:] if e["event"] == "build_start"]
+    assert later and set(later) == {"helper-0"}

@@ -217,3 +217,23 @@ def test_records_other_users_can_write_are_refused(tmp_path, caplog, what):
     if what == "folder":
         assert not again.usable and again.add(planned_requests([64])) == 0
         assert not again.path.exists()
+
+
+def test_variant_and_autotune_records_share_a_folder_without_reading_each_other(tmp_path, caplog):
+    from jit_ahead.triton.autotune import TuningChoice
+    from jit_ahead.triton.autotune import record_format as tuning_format
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    variants = RecordFolder(tmp_path, record_format(TARGET), rank="rank0")
+    variants.add(planned_requests([32]))
+    choice = TuningChoice("tests.kernels.basic", "stored_tuning_kernel", "0" * 64, (64, "torch.float32"),
+                          ("BLOCK: 128",), "BLOCK: 128")
+    tuning = RecordFolder(tmp_path, tuning_format(TARGET, "NVIDIA H200"), rank="rank0")
+    tuning.add([choice])
+    for folder in (variants, tuning):
+        folder.close()
+    assert len(RecordFolder(tmp_path, record_format(TARGET)).read()) == 1
+    assert RecordFolder(tmp_path, tuning_format(TARGET, "NVIDIA H200")).read() == [choice]
+    assert RecordFolder(tmp_path, tuning_format(TARGET, "NVIDIA H100")).read() == []  # timings of another GPU
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "device: 'NVIDIA H200' here 'NVIDIA H100'" in messages[0]

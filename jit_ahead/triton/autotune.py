@@ -46,8 +46,9 @@ class TuningChoice:
     best: str  # str() of the chosen config
 
     @property
-    def identity(self) -> str:
-        return json.dumps([self.module, self.qualname, self.source_key, list(self.key), list(self.configs)])
+    def identity(self) -> tuple:
+        """What must match for the choice to apply: everything but the choice itself."""
+        return (self.module, self.qualname, self.source_key, self.key, self.configs)
 
 
 def _identity(autotuner: Autotuner, tuning_key, configs) -> tuple | None:
@@ -77,11 +78,7 @@ class KnownChoices:
     def add(self, choices) -> None:
         with self._lock:
             for choice in choices:
-                self._by_identity[(choice.module, choice.qualname, choice.source_key, choice.key,
-                                   choice.configs)] = choice
-
-    def __len__(self) -> int:
-        return len(self._by_identity)
+                self._by_identity[choice.identity] = choice
 
     def config_for(self, autotuner: Autotuner, tuning_key, configs):
         """The Config among ``configs`` recorded as the choice for this kernel source, key and configs."""
@@ -188,4 +185,4 @@ def decode(entry: dict) -> TuningChoice:
 def record_format(target: tuple[str, int, int], device_name: str) -> RecordFormat:
     """Triton's header plus the GPU's name: the timings behind a choice belong to that GPU model."""
     return RecordFormat(family=FAMILY, header={**triton_header(target), "device": device_name},
-                        key_of=lambda choice: choice.identity, encode=encode, decode=decode)
+                        key_of=lambda choice: json.dumps(choice.identity), encode=encode, decode=decode)

@@ -4,13 +4,14 @@
 The executor thread runs a fixed pure-Python task over and over (the host-side work of a serving loop:
 scheduling, tokenizing, launching) and times each round. Arms, side by side in one process:
   alone      no helpers
-  helpers    a pool of N helpers (default: the usable CPUs minus one, jit_ahead's default) building real
-             Liger-Kernel and fla variants at nice 19; only rounds while builds are in flight count
+  helpers    a pool of N helpers building real Liger-Kernel and fla variants at nice 19, for each N
+             asked (default: jit_ahead's helper count before serving, CPUs minus one, and its count once
+             serving has started, JIT_AHEAD_SERVING_WORKERS); only rounds while builds are in flight count
   alone      again, to show drift
 The pool's own threads live in this process (they read the helpers' pipes), so their share of the GIL
 is part of what is measured. Writes cpu_politeness.json and .md to --out.
 
-    python scripts/bench/cpu_politeness.py --out docs/bench [--workers N] [--every K]
+    python scripts/bench/cpu_politeness.py --out docs/bench [--workers N,M] [--every K]
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -63,63 +65,75 @@ def with_helpers(requests, workers: int) -> dict:
     wall = time.perf_counter() - t0
     builder.join()
     pool.close()
-    return {"rounds_s": rounds, "build_wall_s": wall, "variants": len(tickets),
+    return {"workers": workers, "rounds_s": rounds, "build_wall_s": wall, "variants": len(tickets),
             "failed": sum(1 for t in tickets if not t.result.ok)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--workers", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
+    parser.add_argument("--workers", help="comma-separated helper counts (default: before and during serving)")
     parser.add_argument("--every", type=int, default=1, help="use every K-th planned variant")
     args = parser.parse_args()
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.path.abspath(args.out), ".politeness-cache"))
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="jit_ahead_politeness_"))
 
     from build_throughput import planned_variants, versions
 
+    from jit_ahead.core import knobs
+
+    counts = ([int(n) for n in args.workers.split(",")] if args.workers else
+              sorted({knobs.default_worker_count(), knobs.serving_worker_count()}, reverse=True))
     requests = planned_variants(args.every)
     before = alone(5.0)
-    helpers = with_helpers(requests, args.workers)
+    arms = [with_helpers(requests, n) for n in counts]
     after = alone(5.0)
-    result = {"versions": versions(), "workers": args.workers, "round_work": "400k-iteration Python loop",
-              "alone_before_s": before, "with_helpers": helpers, "alone_after_s": after}
+    result = {"versions": versions(), "round_work": "400k-iteration Python loop",
+              "alone_before_s": before, "arms": arms, "alone_after_s": after}
     print(write_report(args.out, result))
-    return 1 if helpers["failed"] else 0
+    return 1 if any(arm["failed"] for arm in arms) else 0
+
+
+def _arms(result: dict) -> list[dict]:
+    # runs before 2026-12-01T08 measured one count: {"workers": N, "with_helpers": {...}}
+    return result.get("arms") or [dict(result["with_helpers"], workers=result["workers"])]
+
+
+def _p90(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=10)[-1] if len(xs) >= 10 else max(xs)
 
 
 def summary(result: dict) -> dict:
-    """Median and 90th-percentile round times and the slowdown with helpers against alone (both runs)."""
+    """Median and 90th-percentile round times alone and beside each helper count, and the slowdowns."""
     alone_rounds = result["alone_before_s"] + result["alone_after_s"]
-    busy = result["with_helpers"]["rounds_s"]
-
-    def p90(xs):
-        return statistics.quantiles(xs, n=10)[-1] if len(xs) >= 10 else max(xs)
-
-    return {"alone_median_ms": statistics.median(alone_rounds) * 1e3, "alone_p90_ms": p90(alone_rounds) * 1e3,
-            "helpers_median_ms": statistics.median(busy) * 1e3, "helpers_p90_ms": p90(busy) * 1e3,
-            "slowdown_median": statistics.median(busy) / statistics.median(alone_rounds),
+    alone_median = statistics.median(alone_rounds)
+    return {"alone_median_ms": alone_median * 1e3, "alone_p90_ms": _p90(alone_rounds) * 1e3,
             "drift": statistics.median(result["alone_after_s"]) / statistics.median(result["alone_before_s"]),
-            "rounds_with_helpers": len(busy)}
+            "arms": [{"workers": arm["workers"], "median_ms": statistics.median(arm["rounds_s"]) * 1e3,
+                      "p90_ms": _p90(arm["rounds_s"]) * 1e3, "rounds": len(arm["rounds_s"]),
+                      "slowdown_median": statistics.median(arm["rounds_s"]) / alone_median,
+                      "variants": arm["variants"], "build_wall_s": arm["build_wall_s"]} for arm in _arms(result)]}
 
 
-def write_report(out: str, result: dict) -> str:
+def write_report(out: str, result: dict, name: str = "cpu_politeness") -> str:
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "cpu_politeness.json"), "w") as f:
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    s, v, h = summary(result), result["versions"], result["with_helpers"]
+    s, v = summary(result), result["versions"]
     lines = [f"# CPU politeness ({v['date']})", "",
              f"`python scripts/bench/cpu_politeness.py --out <dir>`; Python {v['python']}, torch {v['torch']}, "
              f"Triton {v['triton']}; {v.get('gpu', 'no GPU')}; {v['cpu']}, {v['cpus_usable']} usable CPUs.", "",
-             f"An executor thread repeats a {result['round_work']}; {result['workers']} helper(s) at nice 19 build "
-             f"{h['variants']} variants beside it in {h['build_wall_s']:.1f} s.", "",
-             "| arm | round median ms | round p90 ms |", "|---|---|---|",
-             f"| alone (before and after) | {s['alone_median_ms']:.2f} | {s['alone_p90_ms']:.2f} |",
-             f"| {result['workers']} helpers building | {s['helpers_median_ms']:.2f} | {s['helpers_p90_ms']:.2f} |", "",
-             f"Slowdown of the executor thread (median round): {s['slowdown_median']:.3f}x over "
-             f"{s['rounds_with_helpers']} rounds; drift between the two alone runs {s['drift']:.3f}x.", "",
-             "Raw rounds: `cpu_politeness.json` beside this file."]
+             f"An executor thread repeats a {result['round_work']} alone, then while helpers at nice 19 build "
+             "Liger-Kernel and fla variants beside it (only rounds while builds are in flight count).", "",
+             "| arm | variants built | round median ms | round p90 ms | slowdown (median) |", "|---|---|---|---|---|",
+             f"| alone (before and after; drift {s['drift']:.3f}x) | | {s['alone_median_ms']:.2f} | "
+             f"{s['alone_p90_ms']:.2f} | |"]
+    for arm in s["arms"]:
+        lines.append(f"| {arm['workers']} helper(s) building | {arm['variants']} in {arm['build_wall_s']:.1f} s | "
+                     f"{arm['median_ms']:.2f} | {arm['p90_ms']:.2f} | {arm['slowdown_median']:.3f}x over "
+                     f"{arm['rounds']} rounds |")
+    lines += ["", f"Raw rounds: `{name}.json` beside this file."]
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "cpu_politeness.md"), "w") as f:
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(text)
     return text
 

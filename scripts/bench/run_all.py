@@ -7,9 +7,10 @@ Sections, each in fresh processes and each figure measured side by side within i
                cache, recording), cold-jit-replay (jit_ahead, empty cache, the first start's records),
                warm (no jit_ahead, the cache the cold arm left: the lower bound)
   throughput   scripts/bench/build_throughput.py: N forked helpers against serial in-process compiles,
-               N = 1, 2, 4, 8 and the default worker count, and the time from start to the first build
+               N = 1, 4 and the default worker count, and the time from start to the first build
   overhead     scripts/bench/executor_overhead.py: launch latency with and without jit_ahead
-  politeness   scripts/bench/cpu_politeness.py: an executor thread's slowdown while helpers build
+  politeness   scripts/bench/cpu_politeness.py: an executor thread's slowdown while helpers build, at
+               the helper counts before and during serving
 
 Raw JSON and each section's own table go to ``docs/bench/runs/<UTC start>/``; ``docs/benchmarks.md`` is
 the summary with targets, date, versions and machine.
@@ -39,7 +40,7 @@ def section_commands(name: str, out: str) -> list[list[str]]:
     if name == "cold-start":
         return [[py, "scripts/gpu/serving_loop.py", "--out", out, "--arms", "cold,cold-jit,cold-jit-replay,warm"]]
     if name == "throughput":
-        counts = sorted({n for n in (1, 2, 4, 8) if n < default_workers} | {default_workers})
+        counts = sorted({n for n in (1, 4) if n < default_workers} | {default_workers})
         return [[py, "scripts/bench/build_throughput.py", "--out", out, "--every", "4", "--no-second-serial",
                  "--workers", ",".join(map(str, counts))]]
     if name == "overhead":
@@ -122,17 +123,22 @@ def render(folder: str, out_md: str, tree: str | None, timings: dict | None) -> 
              f"One command: `python scripts/bench/run_all.py` ({sum(t['seconds'] for t in timings.values()):.0f} s "
              "for the sections below: " + ", ".join(f"{k} {t['seconds']:.0f} s" for k, t in timings.items())
              + f"). Raw JSON and each section's table: [`{rel}/`]({rel}/).", ""]
+    reading = _section_text(folder, "reading.md")  # written by hand after looking at the run
+    if reading:
+        lines += ["## Reading", "", reading, ""]
     if serving:
         lines += ["## Cold start", "",
                   f"Targets: jit_ahead cold end within {TARGETS['cold_over_warm']}x of warm; zero executor compiles "
                   f"after warmup; worst request within {TARGETS['worst_over_warm']}x of warm. {serving['requests']} "
                   f"random requests (prefill + {serving['new_tokens']} decode steps) after warmup; limits "
                   f"{json.dumps(serving['limits'])}.", ""] + cold_start_rows(serving) + [""]
-    for title, name in (("Build throughput", "build_throughput.md"), ("Executor overhead", "executor_overhead.md"),
-                        ("CPU politeness", "cpu_politeness.md")):
-        text = _section_text(folder, name)
-        if text:
-            lines += [f"## {title}", "", text, ""]
+    for title, stem in (("Build throughput", "build_throughput"), ("Executor overhead", "executor_overhead"),
+                        ("CPU politeness", "cpu_politeness")):
+        # a section rerun on its own (e.g. another helper count) sits beside it as <stem>_<what>.md
+        names = sorted(n for n in os.listdir(folder) if n.startswith(stem) and n.endswith(".md"))
+        texts = [text for text in (_section_text(folder, name) for name in names) if text]
+        if texts:
+            lines += [f"## {title}", ""] + [part for text in texts for part in (text, "")]
     text = "\n".join(lines)
     with open(out_md, "w") as f:
         f.write(text)

@@ -205,8 +205,8 @@ def main() -> int:
     parser.add_argument("--out", default="docs/gpu")
     parser.add_argument("--models", default="qwen3-liger,gated-deltanet")
     parser.add_argument("--arms", default="cold,warm,cold-jit",
-                        help="arms in order; without 'cold', 'warm' runs on the cache cold-jit's helpers left "
-                             "(list cold-jit first then)")
+                        help="arms in order; without 'cold', 'warm' runs on the cache the first cold-jit* arm "
+                             "left (list that arm first then)")
     parser.add_argument("--arm-timeout", type=float, default=590, help="seconds before an arm is stopped")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -219,11 +219,15 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as plain, tempfile.TemporaryDirectory() as with_jit, \
                 tempfile.TemporaryDirectory() as scratch:
             arms = args.arms.split(",")
-            warm_cache = plain if "cold" in arms else with_jit
-            caches = {"cold": plain, "warm": warm_cache, "cold-jit": with_jit}
+            caches = {"cold": plain, "cold-jit": with_jit}
+            # the warm arm reuses the cache the cold arm left, else that of the first jit_ahead arm
+            first_cold = "cold" if "cold" in arms else next((a for a in arms if a.startswith("cold-jit")), "cold")
             records = tempfile.mkdtemp(prefix="records_", dir=scratch) if "cold-jit-replay" in arms else None
             for arm in arms:
-                cache = caches.get(arm) or tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch)  # empty
+                if arm == "warm":
+                    cache = caches.setdefault(first_cold, plain)
+                else:
+                    cache = caches.setdefault(arm, tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch))  # empty
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
                 if records and arm in ("cold-jit", "cold-jit-replay"):
                     env["JIT_AHEAD_RECORD_DIR"] = records
