@@ -1,0 +1,136 @@
+"""Building a CuTe DSL variant with no GPU: ``cute.compile`` on fake arguments for an explicit arch and a
+pinned host target, ``export_to_c``, published atomically under the family's cache folder.
+
+This is also the family's builder interface for helpers (``prepare``, ``build``). A per-variant file lock
+makes the ranks of a node build each variant once: the others wait for the lock and find the object.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from filelock import FileLock
+
+from .request import ConstSpec, CuteCompileRequest, ScalarSpec, StreamSpec, TensorSpec
+
+CACHE_KNOB = "JIT_AHEAD_CUTE_CACHE_DIR"
+OBJECT_NAME = "kernel"  # <key folder>/kernel.o and kernel.h
+
+
+def cache_root() -> Path:
+    raw = os.environ.get(CACHE_KNOB, "").strip()
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "jit_ahead" / "cute"
+
+
+def object_path(request: CuteCompileRequest, root: Path | None = None) -> Path:
+    return (root or cache_root()) / request.key[:2] / request.key / f"{OBJECT_NAME}.o"
+
+
+@functools.lru_cache(maxsize=1)
+def dsl_version() -> str:
+    """The DSL's own fingerprint (its Python sources and the compiler binary of the CUDA flavor it loaded),
+    as it computes it for its cache keys."""
+    from cutlass.cutlass_dsl.cutlass import CuTeDSL
+
+    return CuTeDSL._get_dsl().get_version().hexdigest()
+
+
+def source_sha256(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        raise ModuleNotFoundError(f"no source file for module {module}")
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+
+
+def make_request(module: str, qualname: str, args, arch: str = "sm_90a", options: str = "") -> CuteCompileRequest:
+    """A request for ``module.qualname`` compiled with ``args`` (ArgSpecs) for ``arch``, keyed by this
+    process's DSL install and the module's source."""
+    return CuteCompileRequest(module, qualname, tuple(args), arch, options, dsl_version=dsl_version(),
+                              source_sha256=source_sha256(module))
+
+
+def resolve(module: str, qualname: str):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def fake_args(specs) -> list:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.base_dsl.enums import AddressSpace
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    out = []
+    for spec in specs:
+        if isinstance(spec, TensorSpec):
+            shape = tuple(cute.sym_int32(divisibility=spec.divisibility) if extent is None else extent
+                          for extent in spec.shape)
+            out.append(make_fake_compact_tensor(getattr(cutlass, spec.dtype), shape, stride_order=spec.stride_order,
+                                                memspace=AddressSpace[spec.memspace],
+                                                assumed_align=spec.assumed_align))
+        elif isinstance(spec, StreamSpec):
+            out.append(make_fake_stream())
+        elif isinstance(spec, ConstSpec):
+            out.append(spec.value)
+        elif isinstance(spec, ScalarSpec):
+            out.append(getattr(cutlass, spec.dtype)(0))
+        else:
+            raise TypeError(f"not a CuTe DSL argument spec: {spec!r}")
+    return out
+
+
+def compile_and_export(request: CuteCompileRequest, folder: Path) -> None:
+    """``cute.compile`` for the request's arch and host target, exported as ``folder/kernel.{o,h}``."""
+    import cutlass.cute as cute
+
+    os.environ["CUTE_DSL_ARCH"] = request.arch  # the JIT engine's arch must be the target's for export
+    options = f"--gpu-arch {request.arch} --host-target '{request.host_target}' {request.options}".strip()
+    compiled = cute.compile(resolve(request.module, request.qualname), *fake_args(request.args), options=options)
+    compiled.export_to_c(str(folder), OBJECT_NAME, function_prefix=request.symbol)
+
+
+def build_into(request: CuteCompileRequest, root: Path) -> dict:
+    """Build the request's object under ``root`` unless it is there; another process building the same
+    key holds its lock, and this one then finds the object. A build killed midway leaves only its
+    private temporary folder, never a partial object at the final path."""
+    if request.dsl_version and request.dsl_version != dsl_version():
+        raise RuntimeError(f"this process's CuTe DSL ({dsl_version()[:12]}) is not the requester's "
+                           f"({request.dsl_version[:12]}): its object would not be the one asked for")
+    final = object_path(request, root)
+    final.parent.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final.parent) + ".lock"):
+        if final.exists():
+            return {"built": False, "path": str(final)}
+        t0 = time.perf_counter()
+        scratch = Path(tempfile.mkdtemp(prefix=f".{request.key[:16]}-", dir=final.parent.parent))
+        try:
+            compile_and_export(request, scratch)
+            os.rename(scratch, final.parent)  # the whole folder appears at once
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return {"built": True, "path": str(final), "compile_s": round(time.perf_counter() - t0, 3)}
+
+
+# -- the builder interface the helper worker calls ------------------------------------------------------------
+def prepare(view=None) -> dict:
+    """Import the DSL and compute its fingerprint before saying ready."""
+    if view is not None and view.triton_target[0] == "cuda":
+        major, minor = divmod(int(view.triton_target[1]), 10)
+        os.environ.setdefault("CUTE_DSL_ARCH", f"sm_{major}{minor}a")
+    t0 = time.perf_counter()
+    version = dsl_version()
+    return {"cute_dsl": version[:12], "cache_dir": str(cache_root()), "warmup_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def build(request: CuteCompileRequest) -> dict:
+    return build_into(request, cache_root())
