@@ -57,9 +57,13 @@ def local_rank_count() -> int:
     return 1
 
 
+def _cpus_per_rank() -> int:
+    return usable_cpus() // local_rank_count()
+
+
 def default_worker_count() -> int:
     """Helpers per rank: the CPUs left per local rank after one for the rank's own executor."""
-    return max(1, usable_cpus() // local_rank_count() - 1)
+    return max(1, _cpus_per_rank() - 1)
 
 
 def worker_count(knob: str) -> int:
@@ -72,7 +76,7 @@ def serving_worker_count() -> int:
     others exit after their current build). Default: half the CPUs per local rank, minus one for the
     executor (7 on a 16-CPU host: the executor thread ran 1.03x slower beside 7 building helpers and
     1.76x beside 15 in the cpu_politeness bench on the H200 host)."""
-    default = max(1, usable_cpus() // local_rank_count() // 2 - 1)
+    default = max(1, _cpus_per_rank() // 2 - 1)
     return env_int("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
 
 

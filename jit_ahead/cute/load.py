@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .build import cache_root, object_path
+from .build import object_path
 from .request import CuteCompileRequest
 
 
@@ -12,7 +12,7 @@ def load(request: CuteCompileRequest, root: Path | None = None):
     """The callable for ``request`` from its object, or FileNotFoundError if it is not built."""
     import cutlass.cute as cute
 
-    path = object_path(request, root or cache_root())
+    path = object_path(request, root)
     if not path.exists():
         raise FileNotFoundError(f"no CuTe DSL object for {request.label} at {path}")
     module = cute.runtime.load_module(str(path))

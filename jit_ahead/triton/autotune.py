@@ -51,6 +51,11 @@ class TuningChoice:
         return (self.module, self.qualname, self.source_key, self.key, self.configs)
 
 
+def _storable(configs) -> bool:
+    """Triton's check_disk_cache neither stores nor loads choices among configs with pre_hooks."""
+    return not any(c.pre_hook for c in configs)
+
+
 def _identity(autotuner: Autotuner, tuning_key, configs) -> tuple | None:
     kernel = unwrap_jit_function(autotuner)
     if kernel is None or not all(isinstance(v, _KEY_TYPES) for v in tuning_key):
@@ -81,8 +86,9 @@ class KnownChoices:
                 self._by_identity[choice.identity] = choice
 
     def config_for(self, autotuner: Autotuner, tuning_key, configs):
-        """The Config among ``configs`` recorded as the choice for this kernel source, key and configs."""
-        if not self._by_identity:
+        """The Config among ``configs`` recorded as the choice for this kernel source, key and configs;
+        None where Triton would not store or load one (a config with a pre_hook)."""
+        if not self._by_identity or not _storable(configs):
             return None
         identity = _identity(autotuner, tuning_key, configs)
         choice = self._by_identity.get(identity) if identity is not None else None
@@ -118,12 +124,10 @@ def benchmark_in_progress() -> Benchmark | None:
 
 
 def _check_disk_cache_with_records(self, tuning_key, configs, bench_fn):
-    storable = not any(c.pre_hook for c in configs)  # Triton neither stores nor loads the others
-    if storable:
-        known = KNOWN.config_for(self, tuning_key, configs)
-        if known is not None:  # as if Triton had found the timings in its cache
-            self.cache[tuning_key] = known
-            return True
+    known = KNOWN.config_for(self, tuning_key, configs)
+    if known is not None:  # as if Triton had found the timings in its cache
+        self.cache[tuning_key] = known
+        return True
     benchmark = Benchmark()
     token = _benchmark.set(benchmark)
     try:
@@ -133,7 +137,7 @@ def _check_disk_cache_with_records(self, tuning_key, configs, bench_fn):
     recorder = _recorder
     if recorder is not None:
         try:
-            recorder(choice_of(self, tuning_key, configs) if storable else None, benchmark.launched)
+            recorder(choice_of(self, tuning_key, configs) if _storable(configs) else None, benchmark.launched)
         except Exception:  # recording must never break a launch
             log.exception("recording the autotune choice of %s failed", getattr(self, "base_fn", self))
     return used_cached

@@ -165,9 +165,8 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     self.nargs = dict(zip(self.arg_names, args))
     try:
         pruned = self.prune_configs(kwargs)
-        known = None
-        if self.cache_results and not any(c.pre_hook for c in pruned):  # what check_disk_cache would see
-            known = autotune.KNOWN.config_for(self, tuning_key, pruned)
+        # recorded choices answer only where Triton's check_disk_cache would be asked
+        known = autotune.KNOWN.config_for(self, tuning_key, pruned) if self.cache_results else None
         for config in pruned if known is None else [known]:
             self.fn.run(*args, **kwargs, **config.all_kwargs())
     finally:

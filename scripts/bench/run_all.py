@@ -34,9 +34,10 @@ TARGETS = {"cold_over_warm": 1.15, "worst_over_warm": 1.1}
 
 
 def section_commands(name: str, out: str) -> list[list[str]]:
+    from jit_ahead.core import knobs
+
     py = sys.executable
-    cpus = len(os.sched_getaffinity(0))
-    default_workers = max(1, cpus - 1)
+    default_workers = knobs.default_worker_count()  # what a session starts with on this machine
     if name == "cold-start":
         return [[py, "scripts/gpu/serving_loop.py", "--out", out, "--arms", "cold,cold-jit,cold-jit-replay,warm"]]
     if name == "throughput":

@@ -227,7 +227,9 @@ def main() -> int:
                 if arm == "warm":
                     cache = caches.setdefault(first_cold, plain)
                 else:
-                    cache = caches.setdefault(arm, tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch))  # empty
+                    if arm not in caches:
+                        caches[arm] = tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch)  # empty
+                    cache = caches[arm]
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
                 if records and arm in ("cold-jit", "cold-jit-replay"):
                     env["JIT_AHEAD_RECORD_DIR"] = records
