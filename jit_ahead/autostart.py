@@ -67,9 +67,9 @@ def _start_session() -> None:
     log = logging.getLogger("jit_ahead.autostart")
     try:
         from .core import knobs
-        from .core.session import start
+        from .core.session import FAMILIES, start
 
-        session = start()
+        session = start(knobs.families(FAMILIES), skip_unavailable=True)
         warmup_s = knobs.env_float("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
             timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))

@@ -128,3 +128,100 @@ def test_a_build_killed_midway_leaves_no_partial_object(tmp_path):
     assert not object_path(request, tmp_path).exists()
     again = build_into(request, tmp_path)  # the lock died with the process
     assert again["built"] is True and object_path(request, tmp_path).read_bytes()[:4] == b"\x7fELF"
+
+
+def test_specs_taken_from_a_call_rebuild_equivalent_arguments_and_keep_shared_symbols():
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+    from jit_ahead.cute.request import ConstSpec, ScalarSpec, SymSpec
+    from jit_ahead.cute.spec import UnsupportedCall, fake_args, specs_of
+
+    rows, stride = cute.sym_int32(divisibility=8), cute.sym_int64(divisibility=4)
+    args = [make_fake_compact_tensor(cutlass.Float16, (rows, 64), stride_order=(1, 0), assumed_align=16),
+            make_fake_tensor(cutlass.BFloat16, (rows, 128), stride=(stride, 1), assumed_align=8),
+            make_fake_stream(use_tvm_ffi_env_stream=True), cutlass.Float32(0), None, 3]
+    specs = specs_of(args)
+    x, y = specs[0], specs[1]
+    assert x.shape == (SymSpec(0, 32, 8), 64) and y.shape[0] == x.shape[0]  # one symbol, one slot
+    assert y.stride == (SymSpec(1, 64, 4), 1) and (x.assumed_align, y.assumed_align) == (16, 8)
+    assert specs[2] == StreamSpec(use_tvm_ffi_env_stream=True)
+    assert specs[3:] == (ScalarSpec("Float32"), ConstSpec(None), ConstSpec(3))
+    rebuilt = fake_args(specs)
+    assert specs_of(rebuilt) == specs
+    assert rebuilt[0].shape[0] is rebuilt[1].shape[0]  # the helper's arguments share the symbol too
+    try:
+        specs_of([object()])
+    except UnsupportedCall as exc:
+        assert "argument 0" in str(exc)
+    else:
+        raise AssertionError("an argument with no spec was accepted")
+
+
+SERVER = """
+    import inspect, json, logging
+    import cutlass.cute as cute
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.core.session import Session
+    from jit_ahead.cute import hook
+    from tests.kernels import cute_add
+
+    compiles = []  # the DSL's own compiles in this process (the helpers are other processes)
+    events = []
+    session = Session(families=("cute",), cute={"workers": 1})
+    session.stats.subscribe(lambda e: events.append(e))
+    session.start()
+    real = hook._original
+    def counting(cc, func, *args, **kwargs):
+        compiles.append(func.__qualname__)
+        return real(cc, func, *args, **kwargs)
+    hook._original = counting
+
+    # Planning: the host side runs in a capture; nothing compiles; a helper builds the request.
+    with session.cute.capture() as plan:
+        planned = cute_add.compile_add("Float16")
+        cute_add.compile_add_tvm_ffi("Float16")
+    tickets = session.cute.submit(plan, Priority.WARMUP)
+    assert [t.wait(600).name for t in tickets] == ["DONE", "DONE"], [t.result for t in tickets]
+    after_planning = list(compiles)
+
+    # The server's own calls of the planned variants load the helper's objects.
+    served = cute_add.compile_add("Float16")
+    again = cute_add.compile_add("Float16")
+    served_ffi = cute_add.compile_add_tvm_ffi("Float16")
+    # An unplanned variant: obtained through the pool (built once, in place or by the helper), then loaded.
+    unplanned = cute_add.compile_add("Float32")
+    # A call jit_ahead cannot describe compiles in place, as without it.
+    local = cute_add.compile_add_locally("Float16")
+    misses = [(e["label"].split("[")[0], e["outcome"]) for e in events if e["event"] == "executor_miss"]
+    builds = [(e["label"].split("[")[0], e["helper"].split("-")[0]) for e in events if e["event"] == "build_finish"]
+    session.close()
+    print("RESULT", json.dumps({
+        "planned_type": type(planned).__name__, "after_planning": after_planning, "compiles": compiles,
+        "same": served is again, "served_params": [str(p) for p in served.execution_args.original_signature.parameters.values()],
+        "original_params": [str(p) for p in inspect.signature(cute_add.add).parameters.values()],
+        "unplanned_loaded": type(unplanned).__name__ == type(served).__name__, "local_type": type(local).__name__,
+        "ffi_type": f"{type(served_ffi).__module__}.{type(served_ffi).__name__}",
+        "misses": misses, "builds": builds}))
+"""
+
+
+def test_the_server_loads_what_helpers_built_and_compiles_only_what_it_cannot_describe(tmp_path):
+    done = run_python(SERVER, JIT_AHEAD_CUTE_CACHE_DIR=str(tmp_path), JIT_AHEAD_HELPER_START="spawn")
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert out["planned_type"] == "PlannedCompile" and out["after_planning"] == []
+    # The server compiled only the call it could not describe (a kernel defined in a function).
+    assert out["compiles"] == ["compile_add_locally.<locals>.add_local"]
+    assert out["same"] and out["served_params"] == out["original_params"]
+    assert out["unplanned_loaded"] and out["local_type"] != "PlannedCompile"
+    kernel = "tests.kernels.cute_add.add"
+    # The second call of the planned variant is an in-memory hit: no miss.
+    (first, disk), (ffi, ffi_disk), (second, obtained), (third, unsupported) = out["misses"]
+    assert (first, disk) == (ffi, ffi_disk) == (kernel, "disk")
+    assert out["ffi_type"] == "tvm_ffi.core.Function"  # loaded through TVM FFI, as it was compiled
+    assert second == kernel and obtained in ("built_here", "ready")
+    assert unsupported == "unsupported" and third.endswith("compile_add_locally.<locals>.add_local")
+    # Three variants, each built exactly once: the planned ones by the helper.
+    assert len(out["builds"]) == 3 and out["builds"][:2] == [[kernel, "helper"]] * 2

@@ -96,6 +96,17 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
 
 
+def families(known) -> tuple[str, ...]:
+    """JIT_AHEAD_FAMILIES: the families a ``JIT_AHEAD=1`` session starts, comma-separated (default
+    ``triton``; ``triton,cute`` adds the CuTe DSL family, which needs ``jit_ahead[cute-dsl]``). Names not
+    in ``known`` are dropped with one line."""
+    names = [n.strip().lower() for n in os.environ.get("JIT_AHEAD_FAMILIES", "triton").split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        log.error("JIT_AHEAD_FAMILIES: unknown %s (known: %s); ignored", ", ".join(unknown), ", ".join(sorted(known)))
+    return tuple(dict.fromkeys(n for n in names if n in known)) or ("triton",)
+
+
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     """One of ``choices`` (case-insensitive); unset or empty gives ``default``, anything else logs one line."""
     raw = os.environ.get(name, default).strip().lower() or default

@@ -18,7 +18,7 @@ from .stats_log import open_stats_log
 log = logging.getLogger("jit_ahead.session")
 
 # Families by name, as "module:Class"; imported only when a session asks for them.
-FAMILIES = {"triton": "jit_ahead.triton.family:TritonFamily"}
+FAMILIES = {"triton": "jit_ahead.triton.family:TritonFamily", "cute": "jit_ahead.cute.family:CuteFamily"}
 
 
 def _family_class(name: str):
@@ -30,13 +30,22 @@ def _family_class(name: str):
 
 
 class Session:
-    def __init__(self, families=("triton",), *, stats: Stats | None = None, **family_options) -> None:
+    def __init__(self, families=("triton",), *, stats: Stats | None = None, skip_unavailable: bool = False,
+                 **family_options) -> None:
+        """``skip_unavailable``: a family whose DSL is not installed is left out with one line instead of
+        raising ImportError (the ``JIT_AHEAD=1`` start-up)."""
         self.stats = stats or Stats()
         self.stats_log = open_stats_log(self.stats)
         self._tally: collections.Counter[str] = collections.Counter()
         self.stats.subscribe(self._count)
-        self.families = {name: _family_class(name)(self.stats, **family_options.get(name, {}))
-                         for name in families}
+        self.families = {}
+        for name in families:
+            try:
+                self.families[name] = _family_class(name)(self.stats, **family_options.get(name, {}))
+            except ImportError as exc:
+                if not skip_unavailable:
+                    raise
+                log.error("jit_ahead: the %s family is not available (%s); running without it", name, exc)
         self._closed = False
         self._planning: list[PlanningRun] = []
         self._serving_listeners: list = []

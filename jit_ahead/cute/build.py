@@ -18,7 +18,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .request import ConstSpec, CuteCompileRequest, ScalarSpec, StreamSpec, TensorSpec
+from . import library_cache
+from .library_cache import LibraryCacheRequest
+from .request import PORTABLE_HOST_TARGET, CuteCompileRequest
+from .spec import fake_args
 
 CACHE_KNOB = "JIT_AHEAD_CUTE_CACHE_DIR"
 OBJECT_NAME = "kernel"  # <key folder>/kernel.o and kernel.h
@@ -51,8 +54,13 @@ def source_sha256(module: str) -> str:
 
 def make_request(module: str, qualname: str, args, arch: str = "sm_90a", options: str = "") -> CuteCompileRequest:
     """A request for ``module.qualname`` compiled with ``args`` (ArgSpecs) for ``arch``, keyed by this
-    process's DSL install and the module's source."""
-    return CuteCompileRequest(module, qualname, tuple(args), arch, options, dsl_version=dsl_version(),
+    process's DSL install and the module's source.
+
+    The host code is built for a pinned portable CPU, except with ``--enable-tvm-ffi``: the DSL refuses a
+    host target for a TVM FFI export, and uses its own default (what its users, quack among them, ship)."""
+    tvm_ffi = "--enable-tvm-ffi" in options.split()
+    return CuteCompileRequest(module, qualname, tuple(args), arch, options,
+                              host_target="" if tvm_ffi else PORTABLE_HOST_TARGET, dsl_version=dsl_version(),
                               source_sha256=source_sha256(module))
 
 
@@ -63,39 +71,26 @@ def resolve(module: str, qualname: str):
     return obj
 
 
-def fake_args(specs) -> list:
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.base_dsl.enums import AddressSpace
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
-
-    out = []
-    for spec in specs:
-        if isinstance(spec, TensorSpec):
-            shape = tuple(cute.sym_int32(divisibility=spec.divisibility) if extent is None else extent
-                          for extent in spec.shape)
-            out.append(make_fake_compact_tensor(getattr(cutlass, spec.dtype), shape, stride_order=spec.stride_order,
-                                                memspace=AddressSpace[spec.memspace],
-                                                assumed_align=spec.assumed_align))
-        elif isinstance(spec, StreamSpec):
-            out.append(make_fake_stream())
-        elif isinstance(spec, ConstSpec):
-            out.append(spec.value)
-        elif isinstance(spec, ScalarSpec):
-            out.append(getattr(cutlass, spec.dtype)(0))
-        else:
-            raise TypeError(f"not a CuTe DSL argument spec: {spec!r}")
-    return out
-
-
 def compile_and_export(request: CuteCompileRequest, folder: Path) -> None:
     """``cute.compile`` for the request's arch and host target, exported as ``folder/kernel.{o,h}``."""
-    import cutlass.cute as cute
+    from . import hook  # the unpatched compile: this is the build itself, never a miss to handle
 
+    host = f"--host-target '{request.host_target}'" if request.host_target else ""
+    options = " ".join(part for part in (f"--gpu-arch {request.arch}", host, request.options) if part)
+    previous = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = request.arch  # the JIT engine's arch must be the target's for export
-    options = f"--gpu-arch {request.arch} --host-target '{request.host_target}' {request.options}".strip()
-    compiled = cute.compile(resolve(request.module, request.qualname), *fake_args(request.args), options=options)
-    compiled.export_to_c(str(folder), OBJECT_NAME, function_prefix=request.symbol)
+    try:
+        compiled = hook.compile_unhooked(resolve(request.module, request.qualname), *fake_args(request.args),
+                                         options=options)
+    finally:  # an in-place build in the server leaves its environment as it was
+        if previous is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = previous
+    if request.tvm_ffi:
+        compiled.export_to_c(str(folder / f"{OBJECT_NAME}.o"), function_name=request.symbol)
+    else:
+        compiled.export_to_c(str(folder), OBJECT_NAME, function_prefix=request.symbol)
 
 
 def build_into(request: CuteCompileRequest, root: Path) -> dict:
@@ -132,5 +127,7 @@ def prepare(view=None) -> dict:
     return {"cute_dsl": version[:12], "cache_dir": str(cache_root()), "warmup_seconds": round(time.perf_counter() - t0, 3)}
 
 
-def build(request: CuteCompileRequest) -> dict:
+def build(request) -> dict:
+    if isinstance(request, LibraryCacheRequest):  # a library's own cached compile (quack)
+        return library_cache.build(request)
     return build_into(request, cache_root())

@@ -1,11 +1,29 @@
-"""Loading a helper-built CuTe DSL object in the server: ``cute.runtime.load_module`` (a few ms) and the
-exported function, which takes the same arguments as the compiled ``cute.compile`` result."""
+"""The executor side of the CuTe DSL family: a ``cute.compile`` call in the server loads the helper-built
+object (``cute.runtime.load_module``, milliseconds) instead of compiling.
+
+On disk: load it. Otherwise the core decides, as for Triton: wait for the helper that builds it (raised to
+URGENT) or build it in place (the same build a helper runs, published for the other ranks), then load.
+A call that cannot be described as a request, or a build that fails, compiles in place as without
+jit_ahead. Loaded callables are kept per key: a library calling ``cute.compile`` again for a variant
+gets the same object.
+"""
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from pathlib import Path
 
-from .build import object_path
-from .request import CuteCompileRequest
+from ..core.executor import JitAfterReadyError, Outcome, obtain
+from ..core.pool import HelperPool
+from ..core.requests import BuildRequest, BuildResult
+from ..core.table import State
+from .build import build_into, cache_root, object_path
+from .plan import request_from_call
+from .request import FAMILY, CuteCompileRequest
+from .spec import UnsupportedCall
+
+log = logging.getLogger("jit_ahead.cute.load")
 
 
 def load(request: CuteCompileRequest, root: Path | None = None):
@@ -15,5 +33,97 @@ def load(request: CuteCompileRequest, root: Path | None = None):
     path = object_path(request, root)
     if not path.exists():
         raise FileNotFoundError(f"no CuTe DSL object for {request.label} at {path}")
-    module = cute.runtime.load_module(str(path))
-    return getattr(module, request.symbol)
+    if request.tvm_ffi:
+        return cute.runtime.load_module(str(path), enable_tvm_ffi=True)[request.symbol]
+    return getattr(cute.runtime.load_module(str(path)), request.symbol)
+
+
+def build_in_place(request: BuildRequest) -> BuildResult:
+    t0 = time.perf_counter()
+    try:
+        details = build_into(request.payload, cache_root())
+        return BuildResult(request.key, True, time.perf_counter() - t0, "executor", details=details)
+    except Exception as exc:
+        return BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
+
+
+class CuteExecutor:
+    """Handles the server's ``cute.compile`` calls for one pool."""
+
+    def __init__(self, pool: HelperPool, arch: str, wait_timeout: float, guard: str = "warn") -> None:
+        self.pool = pool
+        self.arch = arch
+        self.wait_timeout = wait_timeout
+        self.guard = guard
+        self._lock = threading.Lock()
+        self._loaded: dict[str, object] = {}
+        self._planned: set[str] = set()
+        self._unsupported_seen: set[str] = set()
+
+    def note_planned(self, requests, source: str = "plan") -> None:
+        """Remember planned variants; each new one goes to the stats log once (for the coverage report)."""
+        with self._lock:
+            new = [r for r in requests if r.key not in self._planned]
+            self._planned.update(r.key for r in new)
+        for request in new:
+            self.pool.stats.emit("variant", family=FAMILY, key=request.key, kernel=_kernel(request),
+                                 label=request.label, source=source)
+
+    def on_compile(self, compile_callable, func, args, kwargs, in_place):
+        t0 = time.perf_counter()
+        try:
+            request = request_from_call(compile_callable, func, args, kwargs, self.arch)
+        except UnsupportedCall as why:
+            self._unsupported(func, str(why), time.perf_counter() - t0)
+            return in_place()
+        with self._lock:
+            loaded = self._loaded.get(request.key)
+        if loaded is not None:
+            return loaded
+        stats = self.pool.stats
+        if object_path(request).exists():
+            outcome, waited = "disk", 0.0
+        else:
+            if self.guard != "off" and stats.phase == "serving" and not self._building_ahead(request):
+                self._guard(request)
+            result, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
+            outcome = result.value
+        with self._lock:
+            planned = request.key in self._planned
+        if outcome == Outcome.FALLBACK.value:
+            stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=_kernel(request),
+                       outcome=outcome, planned=planned, seconds=time.perf_counter() - t0)
+            log.warning("%s: no build ahead (see above); the DSL compiles it in place", request.label)
+            return in_place()
+        compiled = load(request)
+        with self._lock:
+            compiled = self._loaded.setdefault(request.key, compiled)
+        stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=_kernel(request),
+                   outcome=outcome, planned=planned, seconds=time.perf_counter() - t0, waited=waited)
+        return compiled
+
+    def _unsupported(self, func, why: str, seconds: float) -> None:
+        name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"
+        self.pool.stats.emit("executor_miss", family=FAMILY, key=None, label=name, kernel=name,
+                             outcome="unsupported", planned=False, seconds=seconds, reason=why)
+        with self._lock:
+            first = name not in self._unsupported_seen
+            self._unsupported_seen.add(name)
+        if first:  # once per function: a library may compile it for every shape
+            log.warning("cute.compile(%s) is compiled in place, not by jit_ahead: %s", name, why)
+
+    def _building_ahead(self, request: CuteCompileRequest) -> bool:
+        ticket = self.pool.table.get(request.key)
+        return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
+
+    def _guard(self, request: CuteCompileRequest) -> None:
+        message = f"{request.label} was not planned and needs a build after serving started"
+        self.pool.stats.emit("guard", family=FAMILY, key=request.key, label=request.label, mode=self.guard,
+                             message=message)
+        if self.guard == "error":
+            raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
+        log.warning("%s (JIT_AHEAD_MODE=warn)", message)
+
+
+def _kernel(request: CuteCompileRequest) -> str:
+    return f"{request.module}.{request.qualname}"

@@ -15,28 +15,49 @@ PORTABLE_HOST_TARGET = "llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64"
 
 
 @dataclass(frozen=True)
+class SymSpec:
+    """A symbolic extent or stride (``cute.sym_int``). ``slot`` numbers the distinct symbols of one call
+    in order of appearance: two places holding the same symbol in the call hold the same slot."""
+
+    slot: int
+    width: int = 32
+    divisibility: int = 1
+    symbol: str | None = None
+
+
+Extent = int | SymSpec | None
+
+
+@dataclass(frozen=True)
 class TensorSpec:
-    """A fake tensor: CUTLASS dtype name (``Float16``), shape with ``None`` for a symbolic extent, the
-    order of its strides (None: compact row-major), memory space and assumed byte alignment."""
+    """A fake tensor: CUTLASS dtype name (``Float16``), shape, strides, memory space and assumed byte
+    alignment. In a hand-written spec a ``None`` extent is a fresh 32-bit symbol of ``divisibility`` and
+    ``stride=None`` means compact strides in ``stride_order`` (default row-major); specs taken from a
+    call (``jit_ahead.cute.spec``) give every symbol and stride explicitly."""
 
     dtype: str
-    shape: tuple[int | None, ...]
+    shape: tuple[Extent, ...]
     stride_order: tuple[int, ...] | None = None
     memspace: str = "gmem"
     assumed_align: int | None = None
-    divisibility: int = 1  # of each symbolic extent
+    divisibility: int = 1  # of each None extent
+    stride: tuple[int | SymSpec, ...] | None = None
+    use_32bit_stride: bool = False
 
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """A CUDA stream argument."""
+    """A CUDA stream argument (``use_tvm_ffi_env_stream``: the stream comes from the TVM FFI environment)."""
+
+    use_tvm_ffi_env_stream: bool = False
 
 
 @dataclass(frozen=True)
 class ConstSpec:
-    """A Python value passed as is (a ``Constexpr``: it is compiled in)."""
+    """A Python value passed as is (a ``Constexpr``, or ``None`` for an absent optional tensor): it is
+    compiled in."""
 
-    value: int | float | bool | str
+    value: int | float | bool | str | None
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,11 @@ class CuteCompileRequest:
         fields = asdict(self)
         fields["args"] = [[type(a).__name__, asdict(a)] for a in self.args]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def tvm_ffi(self) -> bool:
+        """Compiled with ``--enable-tvm-ffi``: exported and loaded through TVM FFI."""
+        return "--enable-tvm-ffi" in self.options.split()
 
     @property
     def symbol(self) -> str:

@@ -1,0 +1,90 @@
+"""The one place jit_ahead enters CuTe DSL: ``CompileCallable._compile``, which every ``cute.compile(...)``
+and ``cute.compile[options](...)`` call goes through.
+
+In a thread that is capturing (a ContextVar) a call becomes a build request and returns a
+``PlannedCompile`` that compiles nothing and cannot run. Elsewhere the executor's handler decides: load
+the helper-built object, wait for it, or build in place; any trouble there and the DSL compiles as it
+would without jit_ahead. Calls jit_ahead cannot describe (a function defined in ``__main__``, a real
+tensor argument...) compile in place, as before.
+"""
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+
+from ..core.executor import JitAfterReadyError
+
+log = logging.getLogger("jit_ahead.cute")
+
+# The capture collector of the current thread/context; None outside planning.
+capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_cute_capture", default=None)
+
+# handler(compile_callable, func, args, kwargs, compile_in_place) -> the compiled callable
+Handler = Callable[..., object]
+
+_lock = threading.Lock()
+_original = None  # CompileCallable._compile as the DSL defined it
+_handler: Handler | None = None
+
+
+class PlannedCompile:
+    """What ``cute.compile`` returns inside a capture: the request, and no kernel."""
+
+    def __init__(self, request) -> None:
+        self.request = request
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.request.label} was only planned (jit_ahead capture): it cannot run")
+
+
+def _compile(compile_callable, func, *args, **kwargs):
+    collector = capturing.get()
+    if collector is not None:
+        return PlannedCompile(collector.record(compile_callable, func, args, kwargs))
+    handler = _handler
+    if handler is None:
+        return _original(compile_callable, func, *args, **kwargs)
+
+    def in_place():
+        return _original(compile_callable, func, *args, **kwargs)
+
+    try:
+        return handler(compile_callable, func, args, kwargs, in_place)
+    except JitAfterReadyError:  # JIT_AHEAD_MODE=error: the engine asked for this call to fail
+        raise
+    except Exception:  # never break the caller: the DSL compiles it as it would without jit_ahead
+        log.exception("jit_ahead could not handle cute.compile(%s); compiling in place",
+                      getattr(func, "__qualname__", func))
+        return in_place()
+
+
+def install(handler: Handler | None = None) -> None:
+    """Patch the DSL (once); set or keep the executor's handler."""
+    global _original, _handler
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    with _lock:
+        if _original is None:
+            _original = CompileCallable._compile
+            CompileCallable._compile = _compile
+        if handler is not None:
+            _handler = handler
+
+
+def clear_handler(handler: Handler) -> None:
+    global _handler
+    with _lock:
+        if _handler is handler:
+            _handler = None
+
+
+def compile_unhooked(func, *args, **kwargs):
+    """``cute.compile`` as the DSL defines it: what a build itself calls."""
+    import cutlass.cute as cute
+
+    original = _original
+    if original is None:
+        return cute.compile(func, *args, **kwargs)
+    return original(cute.compile, func, *args, **kwargs)

@@ -1,0 +1,174 @@
+"""Libraries that keep their own persistent cache of ``cute.compile`` results (quack's ``jit_cache``).
+
+quack wraps each kernel's compile function (``_compile_rmsnorm_fwd(dtype, ..., N, ...)``) in
+``quack.cache.jit_cache``: a call loads ``<cache>/<source fingerprint>/<sha of the call>.o`` when it
+exists, and otherwise compiles and exports it under an exclusive per-key ``flock`` that other processes
+wait on. So the server needs no hook at all: a helper makes the same call with the same arguments, for
+the server's arch, and quack's own code in the server then loads the object, or waits on the helper's
+lock and loads it, instead of compiling.
+
+Planning captures those calls: while a capture (``jit_ahead.cute.plan.capture``) is active in the
+calling context, every gated ``jit_cache`` wrapper of the library adds the call's request to it and
+returns a no-op kernel (the library's host code runs on meta tensors up to the compile call and launches
+nothing).
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import importlib
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.requests import BuildRequest
+from .request import FAMILY
+
+# The capture of the current context (jit_ahead.cute.plan.Capture); None outside planning.
+capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_library_cache_capture", default=None)
+
+_lock = threading.Lock()
+_gated: set[int] = set()  # ids of the jit_cache wrappers already gated
+
+
+@dataclass(frozen=True)
+class LibraryCacheRequest:
+    """One call of a library's cached compile function, and where the library will look for its object.
+
+    ``sha`` and ``fingerprint`` are computed by the library's own functions in the server; a helper whose
+    library computes another fingerprint (other sources, CUTLASS or TVM FFI version) refuses the build."""
+
+    module: str
+    qualname: str  # of the jit_cache wrapper (``_compile_rmsnorm_fwd``, ``Softmax.compile``)
+    args: tuple
+    kwargs: tuple  # sorted (name, value) pairs
+    arch: str  # the server's GPU: the library's key does not include it, so the build must use it
+    cache_dir: str
+    fingerprint: str
+    sha: str
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.cache_dir}\0{self.fingerprint}\0{self.sha}\0{self.arch}".encode()).hexdigest()
+
+    @property
+    def path(self) -> Path:
+        return Path(self.cache_dir) / self.fingerprint / f"{self.sha}.o"
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.qualname}[{self.sha[:12]}]"
+
+    def build_request(self) -> BuildRequest:
+        return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label, modules=(self.module,))
+
+
+def _quack_cache():
+    import quack.cache.jit as jit_cache_module
+
+    return jit_cache_module
+
+
+def request_for(module: str, wrapper, args: tuple, kwargs: dict, arch: str) -> LibraryCacheRequest:
+    """The request of ``wrapper(*args, **kwargs)``: quack's key of the call, by quack's own functions.
+
+    The only composition done here is quack's layout, ``<cache path>/<fingerprint>/<sha>.o`` with the key
+    ``(qualname, *args, *sorted(kwargs))``; tests/test_quack.py checks that quack's wrapper loads what a
+    helper left at that path without compiling."""
+    cache = _quack_cache()
+    items = tuple(sorted(kwargs.items()))
+    call_key = args + items if items else args
+    sha = cache._key_to_hash((wrapper.__qualname__,) + call_key)
+    return LibraryCacheRequest(module, wrapper.__qualname__, tuple(args), items, arch, str(cache.get_cache_path()),
+                               cache._compute_source_fingerprint(), sha)
+
+
+# -- planning ---------------------------------------------------------------------------------------------
+def _is_jit_cache_wrapper(obj) -> bool:
+    return callable(obj) and all(hasattr(obj, a) for a in ("cache", "cache_info", "cache_clear", "__wrapped__"))
+
+
+def _gate(module_name: str, wrapper):
+    """The wrapper, answering captures from the planning context and calling the library otherwise."""
+    @functools.wraps(wrapper)
+    def gated(*args, **kwargs):
+        collector = capturing.get()
+        if collector is None:
+            return wrapper(*args, **kwargs)
+        collector.add(request_for(module_name, wrapper, args, kwargs, collector.arch))
+        return _planned_kernel
+
+    gated.jit_ahead_original = wrapper
+    return gated
+
+
+def _planned_kernel(*args, **kwargs) -> None:
+    """What a captured compile call returns: the library's host code 'launches' it on meta tensors."""
+
+
+def gate_package(package: str) -> int:
+    """Gate every jit_cache wrapper of ``package``'s imported modules (functions and static methods of
+    classes); returns how many are gated. Idempotent."""
+    count = 0
+    with _lock:
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name == package or name.startswith(package + ".")):
+                continue
+            for attr, value in list(vars(module).items()):
+                if _is_jit_cache_wrapper(value) and getattr(value, "__module__", None) == name:
+                    count += _replace(module, attr, value, name, staticmethod_=False)
+                elif isinstance(value, type) and value.__module__ == name:
+                    for cls_attr, raw in list(vars(value).items()):
+                        if isinstance(raw, staticmethod) and _is_jit_cache_wrapper(raw.__func__):
+                            count += _replace(value, cls_attr, raw.__func__, name, staticmethod_=True)
+    return count
+
+
+def _replace(owner, attr: str, wrapper, module_name: str, staticmethod_: bool) -> int:
+    if id(wrapper) in _gated or hasattr(wrapper, "jit_ahead_original"):
+        return 0
+    gated = _gate(module_name, wrapper)
+    _gated.add(id(gated))
+    setattr(owner, attr, staticmethod(gated) if staticmethod_ else gated)
+    return 1
+
+
+# -- the helper's build -------------------------------------------------------------------------------------
+def _resolve_original(module: str, qualname: str):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return getattr(obj, "jit_ahead_original", obj)
+
+
+def build(request: LibraryCacheRequest) -> dict:
+    """Make the library's own call for the server's arch: it compiles and exports under its own lock, or
+    finds the object another process left. Checks that the object is where the server will look."""
+    import quack.cache as quack_cache
+
+    cache = _quack_cache()
+    if cache._compute_source_fingerprint() != request.fingerprint:
+        raise RuntimeError(f"this helper's quack fingerprint ({cache._compute_source_fingerprint()[:12]}) is not the "
+                           f"server's ({request.fingerprint[:12]}): its object would not be the one the server loads")
+    if request.path.exists():
+        return {"built": False, "path": str(request.path)}
+    previous = (quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED, os.environ.get("CUTE_DSL_ARCH"))
+    quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED = request.cache_dir, True
+    os.environ["CUTE_DSL_ARCH"] = request.arch
+    t0 = time.perf_counter()
+    try:
+        _resolve_original(request.module, request.qualname)(*request.args, **dict(request.kwargs))
+    finally:
+        quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED = previous[:2]
+        if previous[2] is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = previous[2]
+    if not request.path.exists():
+        raise RuntimeError(f"{request.label}: the library did not leave its object at {request.path}")
+    # Another process may have exported it while this call waited on quack's lock: quack then loaded it.
+    return {"built": True, "path": str(request.path), "compile_s": round(time.perf_counter() - t0, 3)}
