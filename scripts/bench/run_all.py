@@ -4,10 +4,11 @@
 Sections, each in fresh processes and each figure measured side by side within its section:
   cold-start   scripts/gpu/serving_loop.py: a Qwen3-style model patched with Liger-Kernel and an fla
                GatedDeltaNet model, arms cold (no jit_ahead, empty cache), cold-jit (jit_ahead, empty
-               cache, recording), cold-jit-replay (jit_ahead, empty cache, the first start's records),
-               warm (no jit_ahead, the cache the cold arm left: the lower bound)
-  throughput   scripts/bench/build_throughput.py: N forked helpers against serial in-process compiles,
-               N = 1, 4 and the default worker count, and the time from start to the first build
+               cache), warm (no jit_ahead, the cache the cold arm left: the lower bound); with --replay
+               also cold-jit-replay (jit_ahead, empty cache, the records of cold-jit)
+  throughput   scripts/bench/build_throughput.py: N forked helpers against serial in-process compiles of
+               every 8th planned variant, N = 1, 4 and the default worker count, and the time from start
+               to the first build
   overhead     scripts/bench/executor_overhead.py: launch latency with and without jit_ahead
   politeness   scripts/bench/cpu_politeness.py: an executor thread's slowdown while helpers build, at
                the helper counts before and during serving
@@ -15,7 +16,7 @@ Sections, each in fresh processes and each figure measured side by side within i
 Raw JSON and each section's own table go to ``docs/bench/runs/<UTC start>/``; ``docs/benchmarks.md`` is
 the summary with targets, date, versions and machine.
 
-    python scripts/bench/run_all.py [--sections cold-start,throughput,overhead,politeness] [--tree SHA]
+    python scripts/bench/run_all.py [--sections cold-start,throughput,overhead,politeness] [--replay] [--tree SHA]
     python scripts/bench/run_all.py --render docs/bench/runs/<stamp>   # the summary again, no runs
 """
 from __future__ import annotations
@@ -33,30 +34,31 @@ SECTIONS = ("cold-start", "throughput", "overhead", "politeness")
 TARGETS = {"cold_over_warm": 1.15, "worst_over_warm": 1.1}
 
 
-def section_commands(name: str, out: str) -> list[list[str]]:
+def section_commands(name: str, out: str, replay: bool = False) -> list[list[str]]:
     from jit_ahead.core import knobs
 
     py = sys.executable
     default_workers = knobs.default_worker_count()  # what a session starts with on this machine
     if name == "cold-start":
-        return [[py, "scripts/gpu/serving_loop.py", "--out", out, "--arms", "cold,cold-jit,cold-jit-replay,warm"]]
+        arms = "cold,cold-jit,cold-jit-replay,warm" if replay else "cold,cold-jit,warm"
+        return [[py, "scripts/gpu/serving_loop.py", "--out", out, "--arms", arms]]
     if name == "throughput":
         counts = sorted({n for n in (1, 4) if n < default_workers} | {default_workers})
-        return [[py, "scripts/bench/build_throughput.py", "--out", out, "--every", "4", "--no-second-serial",
+        return [[py, "scripts/bench/build_throughput.py", "--out", out, "--every", "8", "--no-second-serial",
                  "--workers", ",".join(map(str, counts))]]
     if name == "overhead":
         return [[py, "scripts/bench/executor_overhead.py", "--out", out]]
     if name == "politeness":
-        return [[py, "scripts/bench/cpu_politeness.py", "--out", out, "--every", "2"]]
+        return [[py, "scripts/bench/cpu_politeness.py", "--out", out, "--every", "4"]]
     raise ValueError(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
 
 
-def run_sections(names: list[str], folder: str) -> dict[str, dict]:
+def run_sections(names: list[str], folder: str, replay: bool = False) -> dict[str, dict]:
     timings = {}
     for name in names:
         t0 = time.perf_counter()
         codes = []
-        for command in section_commands(name, folder):
+        for command in section_commands(name, folder, replay):
             print(f"== {name}: {' '.join(command[1:])}", flush=True)
             codes.append(subprocess.run(command, cwd=REPO).returncode)
         timings[name] = {"seconds": round(time.perf_counter() - t0, 1), "exit_codes": codes}
@@ -149,6 +151,8 @@ def render(folder: str, out_md: str, tree: str | None, timings: dict | None) -> 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--replay", action="store_true",
+                        help="cold start: also the arm cold-jit-replay (a second start with the first one's records)")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
     parser.add_argument("--runs", default=os.path.join(REPO, "docs", "bench", "runs"))
     parser.add_argument("--tree", help="the commit being measured (a copied tree may lack its .git)")
@@ -168,7 +172,7 @@ def main() -> int:
         meta["tree"] = f"{meta['tree']} (and {tree} for {args.sections})"
     else:
         meta["tree"] = tree
-    timings = run_sections(args.sections.split(","), folder)
+    timings = run_sections(args.sections.split(","), folder, args.replay)
     meta["sections"].update(timings)
     with open(os.path.join(folder, "run_all.json"), "w") as f:
         json.dump(meta, f, indent=1)
