@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 T_START = time.perf_counter()
@@ -88,13 +89,15 @@ def run_arm(model_name: str, arm: str) -> dict:
     counter.phase = "serving"
     if session is not None:
         session.mark_serving()
-    latencies = []
+    latencies, cpu_times = [], []
     shapes = demo_models.request_shapes(limits, REQUESTS, seed=1)
+    profiler = _profiler()
     for i, (batch, prompt) in enumerate(shapes):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i)
         torch.cuda.synchronize()
         latencies.append(time.perf_counter() - t0)
+        cpu_times.append(time.thread_time() - c0)  # this thread's own CPU: more work, or more waiting?
     t_end = time.perf_counter() - T_START
     result = {"model": model_name, "arm": arm, "model_built_s": t_model, "ready_s": t_ready,
               "warmup_end_s": t_warm, "end_s": t_end, "worst_request_s": max(latencies),
@@ -103,9 +106,13 @@ def run_arm(model_name: str, arm: str) -> dict:
               "executor_compiles_serving": len(compiles["serving"]),
               "serving_compiled_kernels": sorted(set(compiles["serving"])), "jit_ahead_warnings": warnings,
               "request_s": [round(t, 4) for t in latencies], "request_shapes": [list(s) for s in shapes],
+              "request_thread_cpu_s": [round(t, 4) for t in cpu_times],
+              "process_threads_serving": threading.active_count(),
               "gc_gen2_serving_s": [round(t, 4) for t in gc_pauses["serving"]],
               "host_gcc_builds_s": {phase: [round(t, 3) for t in times] for phase, times in host_builds.items()},
               "serving_misses": [dict(m, time=round(m["time"] - T_START_WALL, 3)) for m in misses]}
+    if profiler is not None:
+        result["profile_top"] = _profile_top(profiler)
     if session is not None:
         tickets = run.tickets
         result.update(planned_variants=sum(run.variants.values()), planning_s=run.seconds,
@@ -114,6 +121,28 @@ def run_arm(model_name: str, arm: str) -> dict:
                       milestones=_milestones(timeline))
         session.close()
     return result
+
+
+def _profiler():
+    """SERVING_LOOP_PROFILE=1: cProfile the request loop (it slows Python down; compare arms, not times)."""
+    if os.environ.get("SERVING_LOOP_PROFILE") != "1":
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _profile_top(profiler, count: int = 25) -> list[list]:
+    """The functions with the most own time in the request loop: [file:line(function), calls, own s, cum s]."""
+    import pstats
+
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:count]
+    return [[f"{os.path.basename(f)}:{line}({name})", calls, round(own, 4), round(cum, 4)]
+            for (f, line, name), (_, calls, own, cum, _) in rows]
 
 
 def _time_gc(counter) -> dict[str, list[float]]:
