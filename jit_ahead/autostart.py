@@ -1,8 +1,9 @@
 """``JIT_AHEAD=1`` in any process: the start-up hook (``jit_ahead.pth``, run by Python's ``site``).
 
 The ``.pth`` line only reads the variable; when it is set, ``install()`` adds an import watcher and
-returns: nothing else is imported. The session starts right after the process imports Triton, so a
-process that never uses Triton never pays for jit_ahead (and never starts helpers).
+returns: nothing else is imported. The session starts right after the process imports Triton (or the CuTe
+DSL, ``cutlass``, when ``JIT_AHEAD_FAMILIES`` names ``cute``), so a process that never uses them never
+pays for jit_ahead (and never starts helpers).
 
 Warmup and serving, without an engine calling the lifecycle API: serving is taken to start
 ``JIT_AHEAD_WARMUP_S`` seconds (default 300) after the session started; ``0`` never switches by time.
@@ -17,12 +18,15 @@ import sys
 _installed = False
 
 
-class _AfterTritonImport:  # a meta path finder: anything with find_spec
-    """Finds nothing itself: when ``triton`` is about to be imported it wraps the real loader so that
-    jit_ahead starts once Triton's import has finished, then takes itself off ``sys.meta_path``."""
+class _AfterDslImport:  # a meta path finder: anything with find_spec
+    """Finds nothing itself: when one of ``names`` is about to be imported it wraps the real loader so
+    that jit_ahead starts once that import has finished, then takes itself off ``sys.meta_path``."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "triton":
+        if fullname not in self.names:
             return None
         sys.meta_path.remove(self)  # one shot; also keeps the lookup below from finding us again
         spec = None
@@ -51,10 +55,11 @@ def install() -> None:
         return
     _installed = True
     try:
-        if "triton" in sys.modules:
+        names = ("triton", "cutlass") if "cute" in os.environ.get("JIT_AHEAD_FAMILIES", "").lower() else ("triton",)
+        if any(name in sys.modules for name in names):
             _start_session()
         else:
-            sys.meta_path.insert(0, _AfterTritonImport())
+            sys.meta_path.insert(0, _AfterDslImport(names))
     except Exception as exc:  # a start-up hook must never stop the process
         sys.stderr.write(f"jit_ahead: JIT_AHEAD=1 start-up hook failed ({type(exc).__name__}: {exc}); "
                          "running without jit_ahead\n")

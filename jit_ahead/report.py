@@ -65,17 +65,17 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
     t0 = events[0]["time"] if events else 0.0
     kernel_of: dict[str, str] = {}
     planned_keys: set[str] = set()
-    specs: dict[str, list[str]] = defaultdict(list)
+    specs: dict[str, list[str]] = defaultdict(list)  # Triton's specialization JSON, for what differs
+    rows: dict[str, KernelRow] = defaultdict(KernelRow)
     for e in events:  # full kernel names by key: planned variants, and misses (unplanned ones too)
         if e["event"] == "variant":
             planned_keys.add(e["key"])
             kernel_of[e["key"]] = e["kernel"]
-            specs[e["kernel"]].append(e["spec"])
-        elif e["event"] == "executor_miss" and e.get("kernel"):
+            rows[e["kernel"]].planned += 1
+            if "spec" in e:
+                specs[e["kernel"]].append(e["spec"])
+        elif e["event"] == "executor_miss" and e.get("kernel") and e.get("key"):
             kernel_of.setdefault(e["key"], e["kernel"])
-    rows: dict[str, KernelRow] = defaultdict(KernelRow)
-    for kernel, variants in specs.items():
-        rows[kernel].planned = len(variants)
     built, loaded = set(), set()
     starts: dict[tuple, float] = {}
     spans, unplanned, serving_at = [], [], None
@@ -117,6 +117,8 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
                 spans.append({"lane": "executor", "start": t - (e.get("seconds") or 0), "end": t,
                               "kind": "compile", "label": e.get("kernel", "")})
         elif name == "executor_miss":
+            if e.get("family") == "cute":  # no compilation listener: the miss itself says what happened
+                _count_cute_miss(rows[kernel(e)], e, loaded, planned_keys, spans, t)
             if e.get("outcome") == "ready" and (e.get("seconds") or 0) > 0:
                 row = rows[kernel(e)]
                 row.waits += 1
@@ -128,9 +130,27 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
                 unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
                                   "outcome": e.get("outcome"), "differences": diff if specs.get(kernel(e))
                                   else ["no variant of this kernel was planned"]})
+            elif e.get("planned") is False and e.get("family") == "cute":
+                unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
+                                  "outcome": e.get("outcome"), "differences": [e.get("reason") or "not planned"]})
     for key in built - loaded:
         rows[kernel_of.get(key, "?")].unused += 1
     return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines)
+
+
+def _count_cute_miss(row: KernelRow, e: dict, loaded: set, planned_keys: set, spans: list, t: float) -> None:
+    """A CuTe DSL ``cute.compile`` call: a helper's object loaded, or a compile in the server (built in
+    place, a failed build's fallback, or a call jit_ahead cannot describe)."""
+    if e.get("outcome") in ("disk", "ready"):
+        if e.get("key") in planned_keys:
+            loaded.add(e["key"])
+            row.loaded += 1
+        return
+    counts = row.compiles["serving" if e.get("phase") == "serving" else "startup"]
+    counts[0] += 1
+    counts[1] += e.get("seconds") or 0.0
+    spans.append({"lane": "executor", "start": t - (e.get("seconds") or 0), "end": t, "kind": "compile",
+                  "label": e.get("label", "")})
 
 
 HEADER = ("kernel", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",

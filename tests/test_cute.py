@@ -199,7 +199,8 @@ SERVER = """
     session.close()
     print("RESULT", json.dumps({
         "planned_type": type(planned).__name__, "after_planning": after_planning, "compiles": compiles,
-        "same": served is again, "served_params": [str(p) for p in served.execution_args.original_signature.parameters.values()],
+        "same": served is again,
+        "served_params": [str(p) for p in served.execution_args.original_signature.parameters.values()],
         "original_params": [str(p) for p in inspect.signature(cute_add.add).parameters.values()],
         "unplanned_loaded": type(unplanned).__name__ == type(served).__name__, "local_type": type(local).__name__,
         "ffi_type": f"{type(served_ffi).__module__}.{type(served_ffi).__name__}",
@@ -208,7 +209,9 @@ SERVER = """
 
 
 def test_the_server_loads_what_helpers_built_and_compiles_only_what_it_cannot_describe(tmp_path):
-    done = run_python(SERVER, JIT_AHEAD_CUTE_CACHE_DIR=str(tmp_path), JIT_AHEAD_HELPER_START="spawn")
+    stats = tmp_path / "stats.jsonl"
+    done = run_python(SERVER, JIT_AHEAD_CUTE_CACHE_DIR=str(tmp_path / "cache"), JIT_AHEAD_HELPER_START="spawn",
+                      JIT_AHEAD_STATS=str(stats))
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert out["planned_type"] == "PlannedCompile" and out["after_planning"] == []
@@ -225,3 +228,55 @@ def test_the_server_loads_what_helpers_built_and_compiles_only_what_it_cannot_de
     assert unsupported == "unsupported" and third.endswith("compile_add_locally.<locals>.add_local")
     # Three variants, each built exactly once: the planned ones by the helper.
     assert len(out["builds"]) == 3 and out["builds"][:2] == [[kernel, "helper"]] * 2
+    # The coverage report reads the same story from the stats log.
+    from jit_ahead.report import analyse, read_events
+
+    coverage = analyse(*read_events(stats))
+    row = coverage.kernels[kernel]
+    assert (row.planned, row.loaded) == (2, 2) and row.built_ahead >= 2
+    local = coverage.kernels[third]
+    assert local.compiles["startup"][0] == 1 and local.planned == 0
+    assert [u["outcome"] for u in coverage.unplanned] == [obtained, "unsupported"]
+
+
+RECORDED = """
+    import json, sys
+    import cutlass
+    import quack.rmsnorm  # imported before the session: the family gates its compile functions to record them
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.core.session import Session
+    from tests.kernels import cute_add
+
+    events = []
+    session = Session(families=("cute",), cute={"workers": 1})
+    session.stats.subscribe(events.append)
+    session.start()
+    assert session.wait_ready(600, priority=Priority.REPLAY)
+    add = cute_add.compile_add("Float16")
+    fwd = sys.modules["quack.rmsnorm"]._compile_rmsnorm_fwd
+    fwd(cutlass.BFloat16, cutlass.BFloat16, None, cutlass.BFloat16, None, None, 64, False, False, False, False, 0.0)
+    session.close()
+    print("RESULT", json.dumps({
+        "replayed": [e["variants"] for e in events if e["event"] == "replay"],
+        "helper_builds": sum(1 for e in events if e["event"] == "build_finish" and e["helper"] != "executor"),
+        "misses": [e["outcome"] for e in events if e["event"] == "executor_miss"],
+        "quack": fwd.cache_info()._asdict()}))
+"""
+
+
+def test_recorded_calls_are_replayed_to_helpers_on_the_next_start_and_nothing_compiles_in_the_server(tmp_path):
+    records = tmp_path / "records"
+    runs = []
+    for run in ("first", "second"):  # each start with empty caches, one record folder
+        done = run_python(RECORDED, JIT_AHEAD_RECORD_DIR=str(records), CUTE_DSL_ARCH="sm_90a",
+                          JIT_AHEAD_CUTE_CACHE_DIR=str(tmp_path / run / "cute"), JIT_AHEAD_HELPER_START="spawn",
+                          QUACK_CACHE_DIR=str(tmp_path / run / "quack"))
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs.append(json.loads(done.stdout.split("RESULT ", 1)[1]))
+    first, second = runs
+    assert first["replayed"] == [0] and first["quack"]["misses"] == 1  # quack compiled in the server
+    assert first["misses"][0] in ("built_here", "ready")  # the add kernel: not planned, obtained once
+    assert [p.name.split("-")[0] for p in records.iterdir()] == ["cute"]
+    # The second start replays both to its helper before the server asks: loads only.
+    assert second["replayed"] == [2] and second["helper_builds"] == 2
+    assert second["misses"] == ["disk"] and (second["quack"]["hits"], second["quack"]["misses"]) == (1, 0)

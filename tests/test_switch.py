@@ -52,3 +52,13 @@ def test_serving_starts_by_time_unless_the_engine_says_so():
     engine = ("import time, triton, jit_ahead, json; s = jit_ahead.current(); s.mark_serving(); "
               "time.sleep(1.0); print(json.dumps([s.phase, s.stats.count('phase')]))")
     assert run(engine, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_WARMUP_S="0.3") == ["serving", 1]
+
+
+def test_with_the_cute_family_a_cute_dsl_import_starts_the_session_with_both_families():
+    code = ("import sys, json; import cutlass; import jit_ahead; s = jit_ahead.current(); "
+            "print(json.dumps([s is not None, sorted(s.families), 'cutlass' in sys.modules]))")
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_FAMILIES="triton,cute", JIT_AHEAD_TRITON_WORKERS="0",
+               JIT_AHEAD_CUTE_WORKERS="0") == [True, ["cute", "triton"], True]
+    # An unknown family name is dropped with one line; the session starts with the others.
+    code = "import triton, jit_ahead, json; print(json.dumps(sorted(jit_ahead.current().families)))"
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_FAMILIES="triton,flashinfer", JIT_AHEAD_TRITON_WORKERS="0") == ["triton"]

@@ -168,6 +168,20 @@ class HelperPool:
         self._forkserver_deaths = 0
         self._max_forkserver_deaths = 3  # then every helper is spawned
 
+    @classmethod
+    def from_knobs(cls, family: FamilySpec, stats: Stats, *, workers: int | None, env_overrides: dict[str, str],
+                   device_view: DeviceView) -> "HelperPool":
+        """A family's pool as the environment configures it (helper counts, build timeout, start mode),
+        with the modules of the family's preload knob queued for helpers."""
+        from . import knobs
+
+        pool = cls(family, workers=knobs.worker_count(family.workers_knob) if workers is None else workers,
+                   stats=stats, env_overrides=env_overrides, device_view=device_view,
+                   build_timeout=knobs.build_timeout_s(), start_mode=knobs.helper_start_mode(),
+                   serving_workers=knobs.serving_worker_count())
+        pool.preload(knobs.preload_modules(family.preload_knob))
+        return pool
+
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:

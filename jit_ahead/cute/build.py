@@ -124,7 +124,8 @@ def prepare(view=None) -> dict:
         os.environ.setdefault("CUTE_DSL_ARCH", f"sm_{major}{minor}a")
     t0 = time.perf_counter()
     version = dsl_version()
-    return {"cute_dsl": version[:12], "cache_dir": str(cache_root()), "warmup_seconds": round(time.perf_counter() - t0, 3)}
+    return {"cute_dsl": version[:12], "cache_dir": str(cache_root()),
+            "warmup_seconds": round(time.perf_counter() - t0, 3)}
 
 
 def build(request) -> dict:

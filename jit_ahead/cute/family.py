@@ -1,12 +1,17 @@
 """The CuTe DSL family: its pool, its hook on ``cute.compile`` and its executor side, wired together.
 
 Enabled with ``Session(families=("triton", "cute"))`` or ``JIT_AHEAD_FAMILIES=triton,cute``; needs
-``pip install jit_ahead[cute-dsl]``. Records and replay are not implemented for this family yet.
+``pip install jit_ahead[cute-dsl]``. With ``JIT_AHEAD_RECORD_DIR`` it records the ``cute.compile`` calls the
+executor sees and the calls of gated library compile functions (quack's), and replays them at REPLAY on
+the next start.
 """
 from __future__ import annotations
 
 import importlib
 import logging
+import os
+import sys
+import threading
 from collections.abc import Iterable
 
 from ..core import device_view
@@ -15,11 +20,14 @@ from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.stats import Stats
 from ..core.table import Ticket
-from . import hook
+from ..core.records import KNOB as RECORD_KNOB
+from ..core.records import RecordFolder, record_folder
+from . import hook, library_cache
 from .build import CACHE_KNOB, cache_root, object_path
 from .library_cache import LibraryCacheRequest
 from .load import CuteExecutor
 from .plan import Capture, arch_of, capture
+from .record import LibraryCall, recordable, record_format
 from .request import FAMILY, CuteCompileRequest
 
 log = logging.getLogger("jit_ahead.cute")
@@ -37,20 +45,31 @@ class CuteFamily:
         self.device_view = device_view.current()
         self.arch = arch_of(self.device_view)
         self.cache_dir = str(cache_root())  # helpers publish where this process loads from
-        self.pool = HelperPool(
-            SPEC, workers=core_knobs.worker_count(SPEC.workers_knob) if workers is None else workers,
-            stats=stats, env_overrides={CACHE_KNOB: self.cache_dir},
-            device_view=self.device_view, build_timeout=core_knobs.build_timeout_s(),
-            start_mode=core_knobs.helper_start_mode(), serving_workers=core_knobs.serving_worker_count())
-        self.pool.preload(core_knobs.preload_modules(SPEC.preload_knob) if preload is None else preload)
+        self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
+                                          env_overrides={CACHE_KNOB: self.cache_dir})
+        self.pool.preload(preload or ())
         self.executor = CuteExecutor(self.pool, self.arch,
                                      core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout,
                                      guard=core_knobs.guard_mode())
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
+        # JIT_AHEAD_RECORD_DIR: what is seen before the records are open waits in _unrecorded.
+        self.records: RecordFolder | None = None
+        self._records_lock = threading.Lock()
+        self._unrecorded: list | None = None
+        self._replay_thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.pool.start()
         hook.install(self._handler)
+        if os.environ.get(RECORD_KNOB, "").strip():
+            self._unrecorded = []
+            self.executor.recorder = self._add_record
+            if "quack" in sys.modules:  # calls of its compile functions are recorded once they are gated
+                library_cache.gate_package("quack")
+            library_cache.set_recorder(self._record_library_call)
+            self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
+                                                   name="jit_ahead-cute-replay")
+            self._replay_thread.start()
         log.info("cute: %d helpers, arch %s, cache %s", self.pool.workers, self.arch, self.cache_dir)
 
     def capture(self, target=None):
@@ -68,10 +87,69 @@ class CuteFamily:
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
     def wait_replay(self, timeout: float | None = None) -> bool:
-        return True  # nothing is replayed for this family yet
+        """Wait until the records are read and their variants queued; True if that happened in time."""
+        thread = self._replay_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
+    def _open_records_and_replay(self) -> None:
+        folder = None
+        try:
+            folder = record_folder(record_format(self.arch))
+            items = folder.read() if folder is not None else []
+            requests = [r for r in map(self._replayable, items) if r is not None]
+            tickets = self.submit(requests, Priority.REPLAY, source="record") if requests else []
+            self.pool.stats.emit("replay", family=FAMILY, variants=len(items), queued=len(tickets),
+                                 folder=str(folder.folder) if folder else None)
+            if items:
+                log.info("cute: replaying %d recorded variants (%d not built yet) from %s", len(items),
+                         len(tickets), folder.folder)
+        except Exception:  # records are an optimisation: the server runs on without them
+            log.exception("cute: %s could not be read; no replay, no recording", RECORD_KNOB)
+            folder = None
+        with self._records_lock:
+            self.records = folder if folder is not None and folder.usable else None
+            pending, self._unrecorded = self._unrecorded or [], None
+        for item in pending:
+            self._add_record(item)
+
+    def _replayable(self, item):
+        """A recorded library call becomes a request keyed by the library as it is now (importing its
+        module here); one that cannot is skipped with one line."""
+        if not isinstance(item, LibraryCall):
+            return item
+        try:
+            wrapper = library_cache.resolve_original(item.module, item.qualname)
+            return library_cache.request_for(item.module, wrapper, item.args, dict(item.kwargs), self.arch)
+        except Exception as exc:
+            log.warning("cute: recorded call %s.%s cannot be replayed (%s: %s); skipped", item.module,
+                        item.qualname, type(exc).__name__, exc)
+            return None
+
+    def _record_library_call(self, module: str, qualname: str, args: tuple, kwargs: tuple) -> None:
+        call = LibraryCall(module, qualname, args, kwargs)
+        if recordable(call):
+            self._add_record(call)
+
+    def _add_record(self, item) -> None:
+        with self._records_lock:
+            if self._unrecorded is not None:
+                self._unrecorded.append(item)
+                return
+            records = self.records
+        if records is not None:
+            records.add([item])
 
     def close(self, grace: float = 2.0) -> None:
         hook.clear_handler(self._handler)
+        if self._replay_thread is not None:
+            library_cache.set_recorder(None)
+            self._replay_thread.join(timeout=grace)
+        if self.records is not None:
+            self.records.close()
         self.pool.close(grace)
 
 

@@ -33,6 +33,9 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_library_ca
 
 _lock = threading.Lock()
 _gated: set[int] = set()  # ids of the jit_cache wrappers already gated
+# JIT_AHEAD_RECORD_DIR: called once per distinct call made outside planning, (module, qualname, args, kwargs)
+_recorder = None
+_recorded: set = set()
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,35 @@ def _gate(module_name: str, wrapper):
     def gated(*args, **kwargs):
         collector = capturing.get()
         if collector is None:
+            if _recorder is not None:
+                _note_call(module_name, wrapper.__qualname__, args, kwargs)
             return wrapper(*args, **kwargs)
         collector.add(request_for(module_name, wrapper, args, kwargs, collector.arch))
         return _planned_kernel
 
     gated.jit_ahead_original = wrapper
     return gated
+
+
+def set_recorder(recorder) -> None:
+    """Record the calls of gated compile functions made outside planning (None: stop recording)."""
+    global _recorder
+    _recorder = recorder
+
+
+def _note_call(module_name: str, qualname: str, args: tuple, kwargs: dict) -> None:
+    recorder = _recorder
+    items = tuple(sorted(kwargs.items()))
+    try:
+        seen = (module_name, qualname, args, items)
+        with _lock:
+            if seen in _recorded:
+                return
+            _recorded.add(seen)
+    except TypeError:  # an unhashable argument (a config object): such calls are not recorded
+        return
+    if recorder is not None:
+        recorder(module_name, qualname, args, items)
 
 
 def _planned_kernel(*args, **kwargs) -> None:
@@ -138,7 +164,8 @@ def _replace(owner, attr: str, wrapper, module_name: str, staticmethod_: bool) -
 
 
 # -- the helper's build -------------------------------------------------------------------------------------
-def _resolve_original(module: str, qualname: str):
+def resolve_original(module: str, qualname: str):
+    """The library's own compile function (not jit_ahead's gate around it)."""
     obj = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -161,7 +188,7 @@ def build(request: LibraryCacheRequest) -> dict:
     os.environ["CUTE_DSL_ARCH"] = request.arch
     t0 = time.perf_counter()
     try:
-        _resolve_original(request.module, request.qualname)(*request.args, **dict(request.kwargs))
+        resolve_original(request.module, request.qualname)(*request.args, **dict(request.kwargs))
     finally:
         quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED = previous[:2]
         if previous[2] is None:

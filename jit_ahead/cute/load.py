@@ -59,6 +59,7 @@ class CuteExecutor:
         self._loaded: dict[str, object] = {}
         self._planned: set[str] = set()
         self._unsupported_seen: set[str] = set()
+        self.recorder = None  # called with each described call (JIT_AHEAD_RECORD_DIR)
 
     def note_planned(self, requests, source: str = "plan") -> None:
         """Remember planned variants; each new one goes to the stats log once (for the coverage report)."""
@@ -76,6 +77,8 @@ class CuteExecutor:
         except UnsupportedCall as why:
             self._unsupported(func, str(why), time.perf_counter() - t0)
             return in_place()
+        if self.recorder is not None:
+            self.recorder(request)
         with self._lock:
             loaded = self._loaded.get(request.key)
         if loaded is not None:

@@ -52,7 +52,8 @@ class QuackRMSNormProvider(Provider):
         sites = {}
         for module in model.modules():
             weight = getattr(module, "weight", None)
-            if not type(module).__name__.endswith("RMSNorm") or not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+            is_norm = type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor)
+            if not is_norm or weight.dim() != 1:
                 continue
             eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
             site = NormSite(int(weight.shape[0]), weight.dtype, float(eps) if eps is not None else 1e-6)

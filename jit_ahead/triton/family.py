@@ -37,12 +37,9 @@ class TritonFamily:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self.device_view = device_view.current()
-        self.pool = HelperPool(
-            SPEC, workers=core_knobs.worker_count(SPEC.workers_knob) if workers is None else workers,
-            stats=stats, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, device_view=self.device_view,
-            build_timeout=core_knobs.build_timeout_s(), start_mode=core_knobs.helper_start_mode(),
-            serving_workers=core_knobs.serving_worker_count())
-        self.pool.preload(core_knobs.preload_modules(SPEC.preload_knob) if preload is None else preload)
+        self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
+                                          env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
+        self.pool.preload(preload or ())
         self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout,
                                        guard=core_knobs.guard_mode())
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again

@@ -11,6 +11,8 @@ GatedDeltaNet model; random weights, no downloads), these arms, each a fresh pro
                     second start on a fresh machine (variants and autotune choices replayed)
   cold-jit-overlap  as cold-jit, but warmup starts once planning has queued everything, without waiting
                     for the builds: each launch waits for its own variant
+  warm-jit          jit_ahead on a warm cache (nothing left to build): what jit_ahead's presence costs
+                    (scripts/gpu/serving_ab.py runs it against warm, interleaved)
 Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch sizes, one full prefill),
 mark serving, then REQUESTS random requests (batch size, prompt length within the limits; prefill plus
 NEW_TOKENS decode steps). Triton's compilation listener counts compile() calls with cache_hit False
@@ -54,7 +56,7 @@ def run_arm(model_name: str, arm: str) -> dict:
     gc_pauses = _time_gc(counter)
     host_builds = _time_host_builds(counter)
     misses: list[dict] = []  # jit_ahead's executor misses in serving: what a slow request waited for
-    if arm.startswith("cold-jit"):
+    if arm.startswith("cold-jit") or arm == "warm-jit":
         from jit_ahead.core.session import Session
 
         from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
