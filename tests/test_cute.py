@@ -280,3 +280,33 @@ def test_recorded_calls_are_replayed_to_helpers_on_the_next_start_and_nothing_co
     # The second start replays both to its helper before the server asks: loads only.
     assert second["replayed"] == [2] and second["helper_builds"] == 2
     assert second["misses"] == ["disk"] and (second["quack"]["hits"], second["quack"]["misses"]) == (1, 0)
+
+
+GUARDED = """
+    import json
+    from jit_ahead.core.executor import JitAfterReadyError
+    from jit_ahead.core.session import Session
+    from tests.kernels import cute_add
+
+    session = Session(families=("cute",), cute={"workers": 0})
+    session.start()
+    session.mark_serving()
+    raised = []
+    for call in (lambda: cute_add.compile_add("BFloat16"), cute_add.compile_add_locally):
+        try:
+            call()
+            raised.append(None)
+        except JitAfterReadyError as exc:
+            raised.append(str(exc))
+    session.close()
+    print("RESULT", json.dumps(raised))
+"""
+
+
+def test_after_serving_starts_a_cute_compile_in_the_server_is_refused_in_error_mode(tmp_path):
+    done = run_python(GUARDED, JIT_AHEAD_MODE="error", JIT_AHEAD_CUTE_CACHE_DIR=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    unplanned, undescribed = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert "tests.kernels.cute_add.add[" in unplanned and "was not planned" in unplanned
+    assert "add_local cannot be built ahead" in undescribed and "JIT_AHEAD_MODE=error" in undescribed
+    assert not any(tmp_path.rglob("*.o"))  # refused before anything compiled

@@ -75,7 +75,10 @@ class CuteExecutor:
         try:
             request = request_from_call(compile_callable, func, args, kwargs, self.arch)
         except UnsupportedCall as why:
-            self._unsupported(func, str(why), time.perf_counter() - t0)
+            name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', type(func).__qualname__)}"
+            self._unsupported(name, str(why), time.perf_counter() - t0)
+            if self.guard != "off" and self.pool.stats.phase == "serving":
+                self._guard(name, None, f"cannot be built ahead ({why})")
             return in_place()
         if self.recorder is not None:
             self.recorder(request)
@@ -88,7 +91,7 @@ class CuteExecutor:
             outcome, waited = "disk", 0.0
         else:
             if self.guard != "off" and stats.phase == "serving" and not self._building_ahead(request):
-                self._guard(request)
+                self._guard(request.label, request.key, "was not planned")
             result, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
             outcome = result.value
         with self._lock:
@@ -105,8 +108,7 @@ class CuteExecutor:
                    outcome=outcome, planned=planned, seconds=time.perf_counter() - t0, waited=waited)
         return compiled
 
-    def _unsupported(self, func, why: str, seconds: float) -> None:
-        name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"
+    def _unsupported(self, name: str, why: str, seconds: float) -> None:
         self.pool.stats.emit("executor_miss", family=FAMILY, key=None, label=name, kernel=name,
                              outcome="unsupported", planned=False, seconds=seconds, reason=why)
         with self._lock:
@@ -119,10 +121,9 @@ class CuteExecutor:
         ticket = self.pool.table.get(request.key)
         return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
 
-    def _guard(self, request: CuteCompileRequest) -> None:
-        message = f"{request.label} was not planned and needs a build after serving started"
-        self.pool.stats.emit("guard", family=FAMILY, key=request.key, label=request.label, mode=self.guard,
-                             message=message)
+    def _guard(self, label: str, key: str | None, why: str) -> None:
+        message = f"{label} {why} and needs a compile after serving started"
+        self.pool.stats.emit("guard", family=FAMILY, key=key, label=label, mode=self.guard, message=message)
         if self.guard == "error":
             raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
         log.warning("%s (JIT_AHEAD_MODE=warn)", message)
