@@ -4,7 +4,9 @@
 # .whl_cute_b). The CUDA 13 library wheel is larger than one 64 MiB carry, so it travels split:
 # split -n 2 -d <wheel> <wheel>.part  (parts .part00, .part01, possibly in different folders); this
 # script joins the parts first. Dependencies the machine already has (cuda-bindings, protobuf) are kept.
-# Afterwards: export PYTHONPATH=/tmp/site
+# Afterwards: export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages (the DSL puts `cutlass`
+# on the path with a .pth file, which Python reads only in site directories, not in a --target folder), then
+# python3 scripts/gpu/cute_check.py --out docs/gpu
 set -euo pipefail
 folders=("$@")
 [ ${#folders[@]} -gt 0 ] || folders=(.whl_cute_a .whl_cute_b)
