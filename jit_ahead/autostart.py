@@ -55,7 +55,8 @@ def install() -> None:
         return
     _installed = True
     try:
-        names = ("triton", "cutlass") if "cute" in os.environ.get("JIT_AHEAD_FAMILIES", "").lower() else ("triton",)
+        families = [name.strip() for name in os.environ.get("JIT_AHEAD_FAMILIES", "").lower().split(",")]
+        names = ("triton", "cutlass") if "cute" in families else ("triton",)
         if any(name in sys.modules for name in names):
             _start_session()
         else:

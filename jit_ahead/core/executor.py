@@ -10,6 +10,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .pool import HelperPool
 from .priority import Priority
@@ -33,9 +34,11 @@ class Outcome(enum.Enum):
     FALLBACK = "fallback"  # failed, quarantined or timed out: the DSL's normal path compiles
 
 
-def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[BuildRequest], BuildResult],
+def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[Any], dict | None],
            timeout: float) -> tuple[Outcome, float]:
-    """Make sure ``request`` is built before the launch goes on; returns the outcome and seconds spent."""
+    """Make sure ``request`` is built before the launch goes on; returns the outcome and seconds spent.
+    ``build_here(payload)`` is the family's build on the calling thread: it returns the result's details
+    and raises on failure."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     pool.preload(request.modules)  # so that helpers are ready for this library's next variants
@@ -67,10 +70,10 @@ def _build_in_place(pool: HelperPool, ticket, build_here) -> Outcome:
     request = ticket.request
     t0 = time.perf_counter()
     try:
-        result = build_here(request)
-    except Exception as exc:  # the builder reports its own errors; this is a bug guard
-        log.exception("building %s in place failed unexpectedly", request.label)
-        result = BuildResult(request.key, False, time.perf_counter() - t0, "executor", repr(exc))
+        details = build_here(request.payload) or {}
+        result = BuildResult(request.key, True, time.perf_counter() - t0, "executor", details=details)
+    except Exception as exc:  # reported below; the DSL's normal path then compiles it
+        result = BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
     pool.table.finish(ticket, result)
     pool.stats.emit("build_finish", family=request.family, key=request.key, label=request.label,
                     helper="executor", ok=result.ok, error=result.error, seconds=result.seconds)

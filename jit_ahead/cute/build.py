@@ -19,8 +19,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import library_cache
+from .arch import ARCH_VAR, arch_of, targeting
 from .library_cache import LibraryCacheRequest
-from .request import PORTABLE_HOST_TARGET, CuteCompileRequest
+from .request import PORTABLE_HOST_TARGET, CuteCompileRequest, uses_tvm_ffi
 from .spec import fake_args
 
 CACHE_KNOB = "JIT_AHEAD_CUTE_CACHE_DIR"
@@ -45,7 +46,9 @@ def dsl_version() -> str:
     return CuTeDSL._get_dsl().get_version().hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
 def source_sha256(module: str) -> str:
+    """The kernel module's file, read once per process: the code that runs is what was imported."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         raise ModuleNotFoundError(f"no source file for module {module}")
@@ -58,9 +61,9 @@ def make_request(module: str, qualname: str, args, arch: str = "sm_90a", options
 
     The host code is built for a pinned portable CPU, except with ``--enable-tvm-ffi``: the DSL refuses a
     host target for a TVM FFI export, and uses its own default (what its users, quack among them, ship)."""
-    tvm_ffi = "--enable-tvm-ffi" in options.split()
     return CuteCompileRequest(module, qualname, tuple(args), arch, options,
-                              host_target="" if tvm_ffi else PORTABLE_HOST_TARGET, dsl_version=dsl_version(),
+                              host_target="" if uses_tvm_ffi(options) else PORTABLE_HOST_TARGET,
+                              dsl_version=dsl_version(),
                               source_sha256=source_sha256(module))
 
 
@@ -77,16 +80,9 @@ def compile_and_export(request: CuteCompileRequest, folder: Path) -> None:
 
     host = f"--host-target '{request.host_target}'" if request.host_target else ""
     options = " ".join(part for part in (f"--gpu-arch {request.arch}", host, request.options) if part)
-    previous = os.environ.get("CUTE_DSL_ARCH")
-    os.environ["CUTE_DSL_ARCH"] = request.arch  # the JIT engine's arch must be the target's for export
-    try:
+    with targeting(request.arch):  # the JIT engine's arch must be the target's for export
         compiled = hook.compile_unhooked(resolve(request.module, request.qualname), *fake_args(request.args),
                                          options=options)
-    finally:  # an in-place build in the server leaves its environment as it was
-        if previous is None:
-            os.environ.pop("CUTE_DSL_ARCH", None)
-        else:
-            os.environ["CUTE_DSL_ARCH"] = previous
     if request.tvm_ffi:
         compiled.export_to_c(str(folder / f"{OBJECT_NAME}.o"), function_name=request.symbol)
     else:
@@ -120,8 +116,7 @@ def build_into(request: CuteCompileRequest, root: Path) -> dict:
 def prepare(view=None) -> dict:
     """Import the DSL and compute its fingerprint before saying ready."""
     if view is not None and view.triton_target[0] == "cuda":
-        major, minor = divmod(int(view.triton_target[1]), 10)
-        os.environ.setdefault("CUTE_DSL_ARCH", f"sm_{major}{minor}a")
+        os.environ.setdefault(ARCH_VAR, arch_of(view))
     t0 = time.perf_counter()
     version = dsl_version()
     return {"cute_dsl": version[:12], "cache_dir": str(cache_root()),

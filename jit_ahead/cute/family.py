@@ -23,10 +23,11 @@ from ..core.table import Ticket
 from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, record_folder
 from . import hook, library_cache
+from .arch import arch_of
 from .build import CACHE_KNOB, cache_root, object_path
 from .library_cache import LibraryCacheRequest
 from .load import CuteExecutor
-from .plan import Capture, arch_of, capture
+from .plan import Capture, capture
 from .record import LibraryCall, recordable, record_format
 from .request import FAMILY, CuteCompileRequest
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
-import importlib
-import os
 import sys
 import threading
 import time
@@ -26,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.requests import BuildRequest
+from .arch import targeting
 from .request import FAMILY
 
 # The capture of the current context (jit_ahead.cute.plan.Capture); None outside planning.
 capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_library_cache_capture", default=None)
 
 _lock = threading.Lock()
-_gated: set[int] = set()  # ids of the jit_cache wrappers already gated
 # JIT_AHEAD_RECORD_DIR: called once per distinct call made outside planning, (module, qualname, args, kwargs)
 _recorder = None
 _recorded: set = set()
@@ -155,10 +153,9 @@ def gate_package(package: str) -> int:
 
 
 def _replace(owner, attr: str, wrapper, module_name: str, staticmethod_: bool) -> int:
-    if id(wrapper) in _gated or hasattr(wrapper, "jit_ahead_original"):
+    if hasattr(wrapper, "jit_ahead_original"):  # gated already
         return 0
     gated = _gate(module_name, wrapper)
-    _gated.add(id(gated))
     setattr(owner, attr, staticmethod(gated) if staticmethod_ else gated)
     return 1
 
@@ -166,9 +163,9 @@ def _replace(owner, attr: str, wrapper, module_name: str, staticmethod_: bool) -
 # -- the helper's build -------------------------------------------------------------------------------------
 def resolve_original(module: str, qualname: str):
     """The library's own compile function (not jit_ahead's gate around it)."""
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
+    from .build import resolve  # build imports this module
+
+    obj = resolve(module, qualname)
     return getattr(obj, "jit_ahead_original", obj)
 
 
@@ -177,24 +174,20 @@ def build(request: LibraryCacheRequest) -> dict:
     finds the object another process left. Checks that the object is where the server will look."""
     import quack.cache as quack_cache
 
-    cache = _quack_cache()
-    if cache._compute_source_fingerprint() != request.fingerprint:
-        raise RuntimeError(f"this helper's quack fingerprint ({cache._compute_source_fingerprint()[:12]}) is not the "
-                           f"server's ({request.fingerprint[:12]}): its object would not be the one the server loads")
+    fingerprint = _quack_cache()._compute_source_fingerprint()
+    if fingerprint != request.fingerprint:
+        raise RuntimeError(f"this helper's quack fingerprint ({fingerprint[:12]}) is not the server's "
+                           f"({request.fingerprint[:12]}): its object would not be the one the server loads")
     if request.path.exists():
         return {"built": False, "path": str(request.path)}
-    previous = (quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED, os.environ.get("CUTE_DSL_ARCH"))
+    previous = quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED
     quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED = request.cache_dir, True
-    os.environ["CUTE_DSL_ARCH"] = request.arch
     t0 = time.perf_counter()
     try:
-        resolve_original(request.module, request.qualname)(*request.args, **dict(request.kwargs))
+        with targeting(request.arch):
+            resolve_original(request.module, request.qualname)(*request.args, **dict(request.kwargs))
     finally:
-        quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED = previous[:2]
-        if previous[2] is None:
-            os.environ.pop("CUTE_DSL_ARCH", None)
-        else:
-            os.environ["CUTE_DSL_ARCH"] = previous[2]
+        quack_cache.CACHE_DIR, quack_cache.CACHE_ENABLED = previous
     if not request.path.exists():
         raise RuntimeError(f"{request.label}: the library did not leave its object at {request.path}")
     # Another process may have exported it while this call waited on quack's lock: quack then loaded it.

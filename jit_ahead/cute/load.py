@@ -16,7 +16,6 @@ from pathlib import Path
 
 from ..core.executor import JitAfterReadyError, Outcome, obtain
 from ..core.pool import HelperPool
-from ..core.requests import BuildRequest, BuildResult
 from ..core.table import State
 from .build import build_into, cache_root, object_path
 from .plan import request_from_call
@@ -38,13 +37,8 @@ def load(request: CuteCompileRequest, root: Path | None = None):
     return getattr(cute.runtime.load_module(str(path)), request.symbol)
 
 
-def build_in_place(request: BuildRequest) -> BuildResult:
-    t0 = time.perf_counter()
-    try:
-        details = build_into(request.payload, cache_root())
-        return BuildResult(request.key, True, time.perf_counter() - t0, "executor", details=details)
-    except Exception as exc:
-        return BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
+def build_in_place(request: CuteCompileRequest) -> dict:
+    return build_into(request, cache_root())
 
 
 class CuteExecutor:

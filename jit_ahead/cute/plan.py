@@ -14,16 +14,11 @@ from collections.abc import Iterator
 
 from ..core import device_view
 from . import hook, library_cache
+from .arch import arch_of
 from .build import make_request, resolve
 from .library_cache import LibraryCacheRequest
 from .request import CuteCompileRequest
 from .spec import UnsupportedCall, specs_of
-
-
-def arch_of(view: device_view.DeviceView) -> str:
-    """The CuTe DSL arch name of the view's GPU: arch-specific features (``a``) from sm_90 on."""
-    major, minor = view.capability
-    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
 def request_from_call(compile_callable, func, args, kwargs, arch: str) -> CuteCompileRequest:

@@ -2,6 +2,7 @@
 unpickle it before choosing what to import)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -70,6 +71,10 @@ class ScalarSpec:
 ArgSpec = TensorSpec | StreamSpec | ConstSpec | ScalarSpec
 
 
+def uses_tvm_ffi(options: str) -> bool:
+    return "--enable-tvm-ffi" in options.split()
+
+
 @dataclass(frozen=True)
 class CuteCompileRequest:
     """Everything that changes the exported object, so everything in its key."""
@@ -83,7 +88,7 @@ class CuteCompileRequest:
     dsl_version: str = ""  # the DSL's own fingerprint: its sources, its compiler binary and CUDA flavor
     source_sha256: str = ""  # the kernel module's file
 
-    @property
+    @functools.cached_property  # asked for several times per call; the fields never change
     def key(self) -> str:
         fields = asdict(self)
         fields["args"] = [[type(a).__name__, asdict(a)] for a in self.args]
@@ -92,7 +97,7 @@ class CuteCompileRequest:
     @property
     def tvm_ffi(self) -> bool:
         """Compiled with ``--enable-tvm-ffi``: exported and loaded through TVM FFI."""
-        return "--enable-tvm-ffi" in self.options.split()
+        return uses_tvm_ffi(self.options)
 
     @property
     def symbol(self) -> str:

@@ -14,7 +14,6 @@ from collections import defaultdict
 
 from ..core.executor import JitAfterReadyError, Outcome, obtain
 from ..core.pool import HelperPool
-from ..core.requests import BuildRequest, BuildResult
 from ..core.table import State
 from .build import compile_request
 from .plan import request_from_hook
@@ -24,13 +23,8 @@ from .variant_diff import nearest
 log = logging.getLogger("jit_ahead.triton.load")
 
 
-def build_in_place(request: BuildRequest) -> BuildResult:
-    t0 = time.perf_counter()
-    try:
-        compiled = compile_request(request.payload)
-        return BuildResult(request.key, True, time.perf_counter() - t0, "executor", details={"hash": compiled.hash})
-    except Exception as exc:
-        return BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
+def build_in_place(request) -> dict:
+    return {"hash": compile_request(request).hash}
 
 
 def _kernel(request) -> str:
