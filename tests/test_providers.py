@@ -7,8 +7,8 @@ from jit_ahead import demo_models
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
-from jit_ahead.providers.liger import LigerProvider
-from jit_ahead.providers.meta import MetaScalars, int_class_representatives
+from jit_ahead.providers.liger import LigerProvider, RowWiseSite
+from jit_ahead.providers.meta import MetaCaller, MetaScalars, int_class_representatives
 from jit_ahead.triton import capture, plan_launch
 from jit_ahead.triton.spec import on_disk
 
@@ -61,6 +61,43 @@ def test_liger_qwen3_plan_covers_random_prefill_and_decode():
     shapes = serving_shapes(LIMITS, 8, seed=3)
     assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(
         model, b, s, 2, device="meta", position_ids=pos)) == []
+
+
+def test_liger_layers_are_enumerated_through_the_ops_they_ran():
+    sites = [s for s in LigerProvider().find_layers(demo_models.liger_qwen3(layers=1)) if isinstance(s, RowWiseSite)]
+    ops = {s.label: [op.function.__name__ for op in s.ops] for s in sites}
+    assert ops["model.layers.0.mlp"] == ["LigerSiLUMulFunction"]
+    assert ops["model.layers.0.input_layernorm"] == ops["model.layers.0.self_attn.q_norm"] == ["LigerRMSNormFunction"]
+
+
+class StridedNormModel(torch.nn.Module):
+    """Real (CPU) weights; its Liger RMSNorm gets a transposed view of (batch, tokens, 8, 4)."""
+
+    def __init__(self):
+        from liger_kernel.transformers import LigerRMSNorm
+
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 32)
+        self.norm = LigerRMSNorm(8)
+
+    def forward(self, input_ids, use_cache=False):
+        hidden = self.embed(input_ids).view(*input_ids.shape, 8, 4).transpose(-1, -2)
+        return self.norm(hidden)
+
+
+def test_a_liger_op_fed_a_strided_view_is_enumerated_through_its_layer():
+    model = StridedNormModel()
+    limits = EngineLimits(max_num_tokens=40, max_batch_size=2, max_seq_len=40)
+    (site,) = LigerProvider().find_layers(model)
+    assert site.ops is None  # templates are contiguous: replaying the op alone could launch another variant
+    planned = planned_keys(LigerProvider(), model, limits)
+    assert "_rms_norm_forward_kernel" in {r.name for r in planned.requests}
+
+    def forward(batch, tokens):
+        with torch.no_grad():
+            MetaCaller(model)(input_ids=torch.zeros(batch, tokens, dtype=torch.long, device="meta"))
+
+    assert misses(planned, [(1, 1), (2, 16), (1, 37), (2, 20)], forward) == []
 
 
 def test_liger_plans_the_block_rms_norm_for_large_row_counts():

@@ -1,4 +1,5 @@
 """Planning -> helpers -> a fresh process whose normal launch path finds every variant on disk."""
+import pytest
 
 from jit_ahead.triton import capture
 
@@ -70,3 +71,26 @@ def test_plan_launch_returns_every_pruned_autotune_config():
     x = torch.empty(4096, device="meta", dtype=torch.float16)
     requests = plan_launch(k.tuned_copy_kernel, x, x, 4096)
     assert len(requests) == 3 and {r.qualname for r in requests} == {"tuned_copy_kernel"}
+
+
+@pytest.mark.parametrize("name, skips_repeats", [("width_tuned_kernel", True), ("width_tuned_even_kernel", False)])
+def test_an_autotuned_launch_at_many_counts_plans_what_separate_launches_do(name, skips_repeats):
+    # One capture skips an autotuned launch whose tuning key, configs and argument specialization it has
+    # already requested in full; where heuristics inside the autotuner read the count's value (EVEN), it
+    # cannot know that up front and launches every config.
+    import torch
+
+    from jit_ahead.triton import capture, plan_launch
+
+    from .kernels import basic as k
+
+    kernel = getattr(k, name)
+    x = torch.empty(4096, device="meta", dtype=torch.float16)
+    counts = range(1, 130)
+    separately = {r.predicted_hash for n in counts for r in plan_launch(kernel, x, n, 64)}
+    with capture() as plan:
+        for n in counts:
+            kernel.run(x, n, 64, grid=(1,), warmup=True)
+    assert {r.predicted_hash for r in plan.requests} == separately
+    assert len(separately) == (6 if name == "width_tuned_kernel" else 8)
+    assert (plan.autotune_repeats == len(counts) - 3) if skips_repeats else plan.autotune_repeats == 0

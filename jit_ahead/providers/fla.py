@@ -79,13 +79,13 @@ class FlaGatedDeltaNetProvider(Provider):
         others = _outer_fla_modules(model, GatedDeltaNet)
         if others and hasattr(model, "config"):
             try:
-                seen = probe(model, [m for _, m in others])
+                seen = probe(model, [m for _, m in others]).calls
             except Exception as exc:
                 log.warning("fla: probe forward of %s on meta failed (%s: %s); only its GatedDeltaNet "
                             "layers are planned", type(model).__name__, type(exc).__name__, exc)
                 seen = {}
             for name, module in others:
-                for call in seen.get(id(module), []):
+                for call in seen.get(id(module), {}):
                     if call.follows_tokens:
                         distinct.setdefault((layer_settings(module), call),
                                             ModuleSite(MetaCaller(module, inference=True), call, name))

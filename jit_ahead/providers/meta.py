@@ -11,6 +11,8 @@ Two things stand between a library's launcher and a meta tensor:
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -171,27 +173,105 @@ class ProbedCall:
         return tuple(map(value, self.args)), {k: value(v) for k, v in self.kwargs}
 
 
+@dataclass(frozen=True)
+class FunctionCall:
+    """A call of one of a library's autograd Functions (the op under a layer) seen in the probe.
+
+    Calling the op again at another shape launches what the layer would launch there, without the
+    layer's other work (the three meta linears around a SwiGLU op cost twice the op itself)."""
+
+    function: type
+    call: ProbedCall
+
+    def at(self, batch: int, tokens: int):
+        args, kwargs = self.call.at(batch, tokens)
+        return self.function.apply(*args, **kwargs)
+
+
+def _replayable(tensor: torch.Tensor) -> bool:
+    # templates make contiguous tensors at offset 0; a view with other strides would launch differently
+    return tensor.is_contiguous() and tensor.storage_offset() == 0
+
+
+_apply_patch_lock = threading.Lock()
+
+
+class _FunctionRecorder:
+    """While active, records the calls of autograd Functions defined under ``prefix`` (a library's ops)
+    against the innermost probed layer running. ``torch.autograd.Function.apply`` is wrapped for the
+    duration of one probe forward; every call still goes to the original."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.stack: list[list] = []  # per running probed layer: the FunctionCalls it made, or None
+        self.thread = threading.get_ident()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        base = torch.autograd.Function
+        recorder = self
+
+        def apply(cls, *args, **kwargs):
+            if (recorder.stack and recorder.stack[-1] is not None and threading.get_ident() == recorder.thread
+                    and cls.__module__.startswith(recorder.prefix)):
+                tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+                ops = recorder.stack[-1]
+                if all(_replayable(t) for t in tensors):
+                    ops.append(FunctionCall(cls, ProbedCall.of(args, kwargs)))
+                else:  # not replayable at other shapes: the layer is enumerated through its own forward
+                    recorder.stack[-1] = None
+            return original.__func__(cls, *args, **kwargs)
+
+        with _apply_patch_lock:  # one recorder at a time, so each restores what it found
+            original = vars(base)["apply"]
+            base.apply = classmethod(apply)
+            try:
+                yield
+            finally:
+                base.apply = original
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What each probed layer received in one meta forward: ``calls[id(layer)]`` maps each distinct call
+    to the ops (``FunctionCall``) it ran, or to None where they were not recorded or not replayable."""
+
+    calls: dict[int, dict[ProbedCall, tuple[FunctionCall, ...] | None]]
+
+
 def probe(model: torch.nn.Module, layers: list[torch.nn.Module],
-          context: contextlib.AbstractContextManager | None = None) -> dict[int, list[ProbedCall]]:
+          context: contextlib.AbstractContextManager | None = None, functions_from: str | None = None) -> Probe:
     """The distinct calls each of ``layers`` gets in one meta forward of ``model`` on one sequence of
-    PROBE_TOKENS tokens (``id(layer)`` -> calls). Kernel launches in it are captured and dropped."""
+    PROBE_TOKENS tokens, and with ``functions_from`` (a module prefix) the calls of that library's autograd
+    Functions each layer makes. Kernel launches in it are captured and dropped."""
     from ..triton import capture
 
-    seen: dict[int, list[ProbedCall]] = {}
+    calls: dict[int, dict[ProbedCall, tuple[FunctionCall, ...] | None]] = {}
+    recorder = _FunctionRecorder(functions_from) if functions_from else None
 
-    def record(module, args, kwargs):
-        calls = seen.setdefault(id(module), [])
+    def enter(module, args, kwargs):
         call = ProbedCall.of(args, kwargs)
-        if call not in calls:
-            calls.append(call)
+        calls.setdefault(id(module), {}).setdefault(call, None)
+        if recorder is not None:
+            recorder.stack.append([])
 
-    handles = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]
+    def leave(module, args, kwargs, output):
+        if recorder is not None and recorder.stack:
+            ops = recorder.stack.pop()
+            call = ProbedCall.of(args, kwargs)
+            seen = calls[id(module)]
+            if ops and seen.get(call) is None:
+                seen[call] = tuple(ops)
+
+    handles = [layer.register_forward_pre_hook(enter, with_kwargs=True) for layer in layers]
+    handles += [layer.register_forward_hook(leave, with_kwargs=True, always_call=True) for layer in layers]
     try:
         input_ids = torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device="meta")
         # MetaScalars: transformers' mask code asks ``(mask == 0).all()``; it reads as true on meta
-        with capture(), torch.no_grad(), context or contextlib.nullcontext(), MetaScalars():
+        with capture(), torch.no_grad(), context or contextlib.nullcontext(), MetaScalars(), (
+                recorder.active() if recorder else contextlib.nullcontext()):
             MetaCaller(model, inference=True)(input_ids=input_ids, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
-    return seen
+    return Probe(calls)

@@ -9,7 +9,8 @@ stand-in driver supplies the target.
 Autotuned kernels record every config that survives pruning: Triton's ``Autotuner.run`` would benchmark
 them, which needs a GPU, so while a capture is active in the calling context it is replaced by a pass that
 requests each pruned config instead, or only the chosen one where the autotuner already holds a choice
-for the tuning key (a recorded choice: ``autotune.py``).
+for the tuning key (a recorded choice: ``autotune.py``). A capture requests the configs of an autotuned
+launch once per tuning key and argument specialization; later launches that repeat both are skipped.
 """
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ class Capture:
         self._env = cache_invalidating_env()
         self._kernels: set[JITFunction] = set()
         self.device = next(_private_devices)
+        self._autotuned: set = set()  # autotuned launches already requested in full (plan._repeat_key)
+        self.autotune_repeats = 0  # autotuned launches skipped as repeats of those
         self.launches = 0
         self.seconds = 0.0
 
@@ -99,6 +102,16 @@ class Capture:
             self._kernels.add(kernel)
             self.launches += 1
             self._requests.setdefault(request.predicted_hash, request)
+
+    def seen_autotune(self, repeat_key) -> bool:
+        with self._lock:
+            seen = repeat_key in self._autotuned
+            self.autotune_repeats += seen
+            return seen
+
+    def add_autotune(self, repeat_key) -> None:
+        with self._lock:
+            self._autotuned.add(repeat_key)
 
     def release(self) -> None:
         """Drop the private in-memory caches this capture filled."""
@@ -167,11 +180,35 @@ def _capturing_autotuner_run(self, *args, **kwargs):
         pruned = self.prune_configs(kwargs)
         # recorded choices answer only where Triton's check_disk_cache would be asked
         known = autotune.KNOWN.config_for(self, tuning_key, pruned) if self.cache_results else None
-        for config in pruned if known is None else [known]:
+        configs = pruned if known is None else [known]
+        plan = hook.capturing.get()
+        repeat = _repeat_key(self, plan.device, tuning_key, configs, args, kwargs)
+        if repeat is not None and plan.seen_autotune(repeat):
+            return None
+        for config in configs:
             self.fn.run(*args, **kwargs, **config.all_kwargs())
+        if repeat is not None:
+            plan.add_autotune(repeat)
     finally:
         self.nargs = None
     return None
+
+
+def _repeat_key(autotuner: Autotuner, device: int, tuning_key, configs: list, args: tuple, kwargs: dict):
+    """What decides the variants an autotuned launch requests: the autotuner, its tuning key, the configs
+    it runs and the arguments' specialization (Triton's own binder; integer classes, alignment, dtypes and
+    constexpr values). Enumerating thousands of shapes repeats these, and each repeat would cost one
+    launch per config (13 on average in fla). None where it cannot be known up front: heuristics inside
+    the autotuner compute values from each config's full arguments."""
+    kernel = autotuner.fn
+    if not isinstance(kernel, JITFunction) or not configs:
+        return None
+    binder = kernel.device_caches[device][4]
+    _, specialization, _ = binder(*args, **kwargs, **configs[0].all_kwargs())
+    ids = tuple(map(id, configs))
+    # the autotuner's own Config objects live as long as it does; ones a pruning function made up may not
+    chosen = ids if set(ids) <= set(map(id, autotuner.configs)) else repr([c.all_kwargs() for c in configs])
+    return id(autotuner), tuning_key, chosen, str(specialization)
 
 
 def _redirect_driver(driver) -> dict:

@@ -6,7 +6,10 @@ launch the provider enumerates within the limits, in one capture, and reports la
 seconds and microseconds per launch. The row-wise Liger layers are enumerated over tokens 1..--tokens
 (default 16384, the issue's yardstick: about a second or less per layer type).
 
-    python scripts/bench/planning_cost.py --out docs/bench [--tokens 16384]
+With ``--device cuda`` the models hold real weights on the GPU, as a server's do when it plans after
+building them: layers are then called with meta stand-ins for their weights.
+
+    python scripts/bench/planning_cost.py --out docs/bench [--tokens 16384] [--device meta|cuda]
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="docs/bench")
     parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--device", default="meta", help="where the models' weights are (meta or cuda)")
     args = parser.parse_args()
     from jit_ahead.triton.standin import ensure_driver
 
@@ -58,16 +62,19 @@ def main() -> int:
 
     liger_limits = EngineLimits(max_num_tokens=args.tokens, max_batch_size=64, max_seq_len=args.tokens)
     fla_limits = EngineLimits(max_num_tokens=1024, max_batch_size=4, max_seq_len=1024)
-    rows = measure(LigerProvider(), demo_models.liger_qwen3(), liger_limits)
-    rows += measure(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), fla_limits)
+    rows = measure(LigerProvider(), demo_models.liger_qwen3(device=args.device), liger_limits)
+    rows += measure(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(device=args.device), fla_limits)
     info = versions()
-    report = {**info, "liger_limits": repr(liger_limits), "fla_limits": repr(fla_limits), "rows": rows}
+    report = {**info, "weights": args.device, "liger_limits": repr(liger_limits), "fla_limits": repr(fla_limits),
+              "rows": rows}
+    name = "planning_cost" if args.device == "meta" else f"planning_cost_{args.device}"
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "planning_cost.json"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(report, f, indent=1)
-    lines = [f"# Planning cost per layer type ({info['date']})", "",
-             f"`python scripts/bench/planning_cost.py --tokens {args.tokens}`; Python {info['python']}, torch "
-             f"{info['torch']}, Triton {info['triton']}, {info['cpu']}, {info['cpus_usable']} CPUs.",
+    lines = [f"# Planning cost per layer type, weights on {args.device} ({info['date']})", "",
+             f"`python scripts/bench/planning_cost.py --tokens {args.tokens} --device {args.device}`; Python "
+             f"{info['python']}, torch {info['torch']}, Triton {info['triton']}, {info['cpu']}, "
+             f"{info['cpus_usable']} CPUs.",
              f"Liger limits: {liger_limits.max_num_tokens} tokens, batch {liger_limits.max_batch_size}; "
              f"fla limits: {fla_limits.max_num_tokens} tokens, batch {fla_limits.max_batch_size}, "
              f"seq {fla_limits.max_seq_len}.", "",
@@ -75,7 +82,7 @@ def main() -> int:
     for r in rows:
         per = f"{r['us_per_launch']:.0f}" if "us_per_launch" in r else ""
         lines.append(f"| {r['provider']} | {r['site']} | {r['launches']} | {r['variants']} | {r['seconds']:.2f} | {per} |")
-    with open(os.path.join(args.out, "planning_cost.md"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -49,7 +49,8 @@ def section_commands(name: str, out: str, replay: bool = False) -> list[list[str
     if name == "overhead":
         return [[py, "scripts/bench/executor_overhead.py", "--out", out]]
     if name == "politeness":
-        return [[py, "scripts/bench/cpu_politeness.py", "--out", out, "--every", "4"]]
+        # every 2nd variant: build windows of several seconds at both helper counts (every 4th gave 3-4 s)
+        return [[py, "scripts/bench/cpu_politeness.py", "--out", out, "--every", "2"]]
     raise ValueError(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
 
 

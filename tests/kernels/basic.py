@@ -80,3 +80,27 @@ def stored_tuning_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+# Autotuned on the row width only: the element count is not in the tuning key but still specializes
+# (== 1, divisible by 16, other). Planning launches it at many counts per width.
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64}, num_warps=2)],
+                 key=["width"])
+@triton.jit
+def width_tuned_kernel(x_ptr, n, width, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * width, mask=offs < n)
+
+
+# The same with heuristics inside the autotuner: EVEN depends on the count's value and each config's BLOCK,
+# not only on the count's specialization.
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64}, num_warps=2)],
+                 key=["width"])
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@triton.jit
+def width_tuned_even_kernel(x_ptr, n, width, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) * width)
+    else:
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * width, mask=offs < n)
