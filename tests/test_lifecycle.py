@@ -69,6 +69,41 @@ def model():
     return torch.nn.Sequential(ScaleLayer(1024), ScaleLayer(1000), ScaleLayer(1024))
 
 
+class SlowBackgroundProvider(ScaleProvider):
+    """ScaleProvider whose first BACKGROUND launch blocks on a gate: a long enumeration still running."""
+
+    name = "test-slow-background"
+
+    def launches(self, layers, limits):
+        blocked = False
+        for launch in super().launches(layers, limits):
+            if launch.priority == Priority.BACKGROUND and not blocked:
+                blocked = True
+                yield PlannedLaunch(launch.priority, lambda run=launch.run: (self.gate.wait(60), run()), launch.label)
+            else:
+                yield launch
+
+    def find_layers(self, model):
+        return [m for m in model.modules() if isinstance(m, ScaleLayer)]
+
+
+def test_waiting_for_warmup_does_not_wait_for_the_background_enumeration(session_factory):
+    session = session_factory(workers=1)
+    limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+    gate = threading.Event()
+    run = session.plan_model(model(), limits, [SlowBackgroundProvider(gate)])
+    try:
+        assert session.wait_ready(timeout=300)  # WARMUP: planned and built while BACKGROUND is blocked
+        assert run.wait(0, Priority.WARMUP) and not run.wait(0, Priority.BACKGROUND) and not run.done
+        warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
+        assert warm and all(t.result is not None and t.result.ok for t in warm)
+        assert not session.wait_ready(timeout=0.5, priority=Priority.BACKGROUND)
+    finally:
+        gate.set()
+    assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
+    assert run.done and run.variants[Priority.BACKGROUND] > 0 and all(t.result.ok for t in run.tickets)
+
+
 def test_plan_model_returns_at_once_queues_warmup_first_and_covers_real_calls(session_factory, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     session = session_factory(workers=1)

@@ -27,6 +27,9 @@ class PlanningRun:
         self._limits = limits
         self._providers = providers
         self._done = threading.Event()
+        # set once every launch of that priority and above is captured and queued: an engine's warmup
+        # waits for WARMUP, not for the BACKGROUND enumeration (minutes for large limits)
+        self._queued = {priority: threading.Event() for priority in Priority}
         self.tickets: list = []
         self.variants: dict[Priority, int] = defaultdict(int)  # distinct variants, by the first priority
         self._seen: set = set()  # requests already counted and queued by this run
@@ -38,9 +41,10 @@ class PlanningRun:
         self._thread.start()
         return self
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once every provider's launches were captured and queued."""
-        return self._done.wait(timeout)
+    def wait(self, timeout: float | None = None, priority: Priority | None = None) -> bool:
+        """True once every provider's launches were captured and queued; with ``priority``, once those of
+        that priority and above were (lower priorities may still be enumerating)."""
+        return (self._done if priority is None else self._queued[priority]).wait(timeout)
 
     @property
     def done(self) -> bool:
@@ -70,13 +74,21 @@ class PlanningRun:
                 for launch in launches:
                     groups[(launch.priority, provider.family)].append((provider, launch))
             for (priority, family_name), items in sorted(groups.items(), key=lambda kv: kv[0][0]):
+                self._mark_queued(above=priority)
                 self._capture_and_queue(self._families[family_name], priority, items)
         except Exception as exc:  # a bug guard: planning must never take the engine down
             log.exception("planning stopped early")
             self.errors.append(f"planning stopped: {exc!r}")
         finally:
             self.seconds = time.perf_counter() - t0
+            self._mark_queued(above=None)
             self._done.set()
+
+    def _mark_queued(self, above: Priority | None) -> None:
+        """Every priority higher than ``above`` (all: None) has been captured and queued."""
+        for priority, event in self._queued.items():
+            if above is None or priority < above:
+                event.set()
 
     def _capture_and_queue(self, family, priority: Priority, items: list) -> None:
         """Capture ``items`` and queue what they need, in slices of SUBMIT_EVERY_S seconds: helpers start

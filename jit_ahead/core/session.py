@@ -83,15 +83,17 @@ class Session:
         return run
 
     def wait_ready(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
-        """Wait until planning and replay have queued everything and every request up to ``priority`` is
-        settled (built, failed or quarantined); True if that happened within ``timeout``. Replayed
-        variants are REPLAY: ``priority=Priority.REPLAY`` waits for them too."""
+        """Wait until planning has queued every launch up to ``priority``, replay has queued its records,
+        and every request up to ``priority`` is settled (built, failed or quarantined); True if that
+        happened within ``timeout``. The default, WARMUP, is what an engine's warmup needs: planning may go
+        on enumerating BACKGROUND shapes afterwards. Replayed variants are REPLAY:
+        ``priority=Priority.REPLAY`` waits for them too; ``Priority.BACKGROUND`` waits for everything."""
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        if not all(run.wait(remaining()) for run in self._planning):
+        if not all(run.wait(remaining(), priority) for run in self._planning):
             return False
         if not all(family.wait_replay(remaining()) for family in self.families.values()):
             return False
