@@ -248,17 +248,21 @@ def probe(model: torch.nn.Module, layers: list[torch.nn.Module],
 
     calls: dict[int, dict[ProbedCall, tuple[FunctionCall, ...] | None]] = {}
     recorder = _FunctionRecorder(functions_from) if functions_from else None
+    running: list[ProbedCall] = []  # the call of each probed layer now in its forward, innermost last
 
     def enter(module, args, kwargs):
         call = ProbedCall.of(args, kwargs)
         calls.setdefault(id(module), {}).setdefault(call, None)
+        running.append(call)
         if recorder is not None:
             recorder.stack.append([])
 
     def leave(module, args, kwargs, output):
-        if recorder is not None and recorder.stack:
+        if not running:  # always_call: the call failed before enter() ran
+            return
+        call = running.pop()
+        if recorder is not None:
             ops = recorder.stack.pop()
-            call = ProbedCall.of(args, kwargs)
             seen = calls[id(module)]
             if ops and seen.get(call) is None:
                 seen[call] = tuple(ops)

@@ -167,7 +167,8 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     """In a capture, request the config this autotuner already chose for these arguments (earlier in this
     process, or in a recorded start: ``autotune.KNOWN``), else every pruned config: Triton's ``run`` would
     benchmark them, which needs a GPU."""
-    if hook.capturing.get() is None:
+    plan = hook.capturing.get()
+    if plan is None:
         return _original_autotuner_run(self, *args, **kwargs)
     probe = copy.copy(self)  # Triton's own run() on a private copy whose cache answers from the real one
     probe.cache = _ChoicesOf(self.cache)
@@ -181,7 +182,6 @@ def _capturing_autotuner_run(self, *args, **kwargs):
         # recorded choices answer only where Triton's check_disk_cache would be asked
         known = autotune.KNOWN.config_for(self, tuning_key, pruned) if self.cache_results else None
         configs = pruned if known is None else [known]
-        plan = hook.capturing.get()
         repeat = _repeat_key(self, plan.device, tuning_key, configs, args, kwargs)
         if repeat is not None and plan.seen_autotune(repeat):
             return None
