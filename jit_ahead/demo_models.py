@@ -44,9 +44,11 @@ def new_cache(model):
 
 @torch.no_grad()
 def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_ids: bool = False,
-          seed: int = 0) -> torch.Tensor:
+          seed: int = 0, lengths: tuple[int, ...] | None = None) -> torch.Tensor:
     """One request batch as a server runs it: prefill ``batch`` prompts of ``prompt`` tokens, then decode
-    ``new_tokens`` greedily with the cache. ``position_ids=True`` passes them as ``generate`` does."""
+    ``new_tokens`` greedily with the cache. ``position_ids=True`` passes them as ``generate`` does.
+    ``lengths``: the prompts' own lengths (at most ``prompt``); they are padded on the left to ``prompt``
+    and an attention mask is passed at every step, as ``generate`` pads a batch of prompts."""
     from .providers.meta import MetaScalars
 
     vocab = model.config.vocab_size
@@ -55,6 +57,11 @@ def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_i
     else:
         generator = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab, (batch, prompt), generator=generator).to(device)
+    mask = None
+    if lengths is not None:
+        if len(lengths) != batch or not all(1 <= n <= prompt for n in lengths):
+            raise ValueError(f"lengths {lengths} must be {batch} prompt lengths in 1..{prompt}")
+        mask = torch.tensor([[0] * (prompt - n) + [1] * n for n in lengths], device=device)
     cache = new_cache(model)
     # on meta, transformers' mask code reads ``(mask == 0).all()`` back: MetaScalars answers it
     with MetaScalars() if device == "meta" else contextlib.nullcontext():
@@ -64,19 +71,27 @@ def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_i
             kwargs = {}
             if position_ids:
                 kwargs["position_ids"] = torch.arange(start, start + step.shape[1], device=device).expand(batch, -1)
+            if mask is not None:
+                kwargs["attention_mask"] = mask
             out = model(input_ids=step, past_key_values=cache, use_cache=True, **kwargs)
             cache = out.past_key_values
             start += step.shape[1]
             step = out.logits[:, -1:].argmax(-1)
             tokens.append(step)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
         return torch.cat(tokens, dim=1)
 
 
-def warmup(model, limits, device) -> None:
-    """What an engine's warmup runs: decode at the CUDA-graph batch sizes and one full-length prefill."""
+def warmup(model, limits, device, padded: bool = False) -> None:
+    """What an engine's warmup runs: decode at the CUDA-graph batch sizes and one full-length prefill;
+    ``padded``: with the attention mask ``generate`` passes (all ones: no prompt is shorter)."""
+    def run(batch: int, prompt: int) -> None:
+        serve(model, batch, prompt, 1, device=device, lengths=(prompt,) * batch if padded else None)
+
     for batch in limits.cuda_graph_batch_sizes:
-        serve(model, batch, 1, 1, device=device)
-    serve(model, 1, min(limits.max_seq_len, limits.max_num_tokens), 1, device=device)
+        run(batch, 1)
+    run(1, min(limits.max_seq_len, limits.max_num_tokens))
 
 
 def request_shapes(limits, count: int, seed: int) -> list[tuple[int, int]]:
@@ -87,6 +102,14 @@ def request_shapes(limits, count: int, seed: int) -> list[tuple[int, int]]:
         batch = rng.randint(1, limits.max_batch_size)
         shapes.append((batch, rng.randint(1, min(limits.max_seq_len, limits.max_num_tokens // batch))))
     return shapes
+
+
+def prompt_lengths(batch: int, prompt: int, seed: int) -> tuple[int, ...]:
+    """Random lengths of ``batch`` prompts padded to ``prompt`` tokens (the longest has ``prompt``)."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, prompt) for _ in range(batch)]
+    lengths[rng.randrange(batch)] = prompt
+    return tuple(lengths)
 
 
 class CompileCounter:

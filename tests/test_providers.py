@@ -1,4 +1,5 @@
 """Built-in providers: what they plan covers what real calls of the model produce, shape by shape."""
+import itertools
 import random
 
 import torch
@@ -6,7 +7,7 @@ import torch
 from jit_ahead import demo_models
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
-from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
+from jit_ahead.providers.fla import FlaGatedDeltaNetProvider, padded_prefill_batches
 from jit_ahead.providers.liger import LigerProvider, RowWiseSite
 from jit_ahead.providers.meta import MetaCaller, MetaScalars, int_class_representatives
 from jit_ahead.triton import capture, plan_launch
@@ -148,6 +149,71 @@ def test_fla_gated_deltanet_plan_covers_random_prefill_and_decode():
         assert kernel in names
     shapes = serving_shapes(LIMITS, 6, seed=7)
     assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(model, b, s, 2, device="meta")) == []
+
+
+def padded_batches(limits, count, seed):
+    """Random padded prompt batches within the limits, as ``generate`` pads them: (batch, padded length,
+    each prompt's length), one prompt at the padded length; short and long, one-token batches among them."""
+    rng = random.Random(seed)
+    batches = []
+    for i in range(count):
+        batch = rng.randint(1, limits.max_batch_size)
+        longest = min(limits.max_seq_len, limits.max_num_tokens // batch)
+        padded = [1, rng.randint(2, 64), rng.randint(65, longest) if longest > 64 else longest][i % 3]
+        lengths = [rng.randint(1, padded) for _ in range(batch)]
+        lengths[rng.randrange(batch)] = padded
+        batches.append((batch, padded, tuple(lengths)))
+    return batches
+
+
+def test_fla_plan_covers_padded_batches_with_an_attention_mask():
+    # real calls on the CPU: fla unpads with the real mask (nonzero, cu_seqlens, chunk indices), and the
+    # varlen launches are captured, not run
+    model = demo_models.fla_gated_deltanet(device="cpu")
+    shapes = padded_batches(LIMITS, 9, seed=11)
+    assert any(len(set(lengths)) > 1 for _, _, lengths in shapes)
+
+    def serve(batch, padded, lengths):
+        demo_models.serve(model, batch, padded, 2, device="cpu", lengths=lengths)
+
+    planned = planned_keys(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), LIMITS)
+    assert misses(planned, shapes, serve) == []
+    # packed sequences with explicit int32 cu_seqlens launch as a padded batch of the same total does
+    layer = next(m for m in model.modules() if type(m).__name__ == "GatedDeltaNet")
+    rng = random.Random(3)
+    packed = []
+    for _ in range(8):
+        total = rng.randint(2, LIMITS.max_num_tokens)
+        cuts = sorted(rng.sample(range(1, total), rng.randint(0, LIMITS.max_batch_size - 1)))
+        packed.append((tuple(b - a for a, b in zip([0, *cuts], [*cuts, total])),))
+
+    @torch.no_grad()
+    def run_packed(lengths):
+        from fla.models.utils import Cache
+
+        offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        layer(torch.randn(1, sum(lengths), layer.hidden_size, dtype=torch.bfloat16), cu_seqlens=offsets,
+              past_key_values=Cache(), use_cache=True)
+
+    assert misses(planned, packed, run_packed) == []
+    # the padded batches launch varlen variants that unpadded shapes do not reach
+    unpadded = EngineLimits(**{**vars(LIMITS), "extra": {"fla_padded": False}})
+    planned = planned_keys(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), unpadded)
+    assert {name for _, name in misses(planned, shapes, serve)} >= {"fused_recurrent_gated_delta_rule_fwd_kernel",
+                                                                    "chunk_fwd_kernel_o"}
+
+
+def test_padded_prefill_batches_reach_every_class_within_the_limits():
+    limits = EngineLimits(max_num_tokens=300, max_batch_size=5, max_seq_len=100)
+    batches = list(padded_prefill_batches(limits))
+    for shape in batches:
+        assert shape.batch <= 5 and shape.padded <= 100 and shape.batch * shape.padded <= 300
+        assert max(shape.lengths) == shape.padded and min(shape.lengths) >= 1
+        assert shape.mask().sum().item() == sum(shape.lengths)
+    classes = {(min(s.padded, 2) if s.padded <= 64 else 65, sum(s.lengths)) for s in batches}
+    assert {t for c, t in classes if c == 1} == set(range(1, 6))
+    assert {t for c, t in classes if c == 2} == set(range(2, 300 + 1))  # 5 x 64 > 300 tokens
+    assert {t for c, t in classes if c == 65} == set(range(65, 300 + 1))
 
 
 def test_plan_model_with_builtin_providers_builds_warmup_first(session_factory):

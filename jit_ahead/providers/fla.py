@@ -9,16 +9,25 @@ fla ``Cache`` as transformers generation passes it:
   q/k, the gates and the gated RMSNorm; every pruned config of each autotuned kernel is requested by the
   capture;
 - decode: every batch size, one token with the state a one-token prefill left (convolution update and
-  recurrent step with an initial state).
+  recurrent step with an initial state);
+- padded batches (an ``attention_mask``, as transformers' ``generate`` always passes one): the layer
+  unpads them to one packed sequence with ``cu_seqlens`` (varlen kernels). The mask is given on the host
+  with real values under ``HostIndices``, so fla's own unpadding and chunk-index code runs; activations
+  stay on meta. A padded batch launches by the mode its padded length picks, its number of valid tokens
+  and whether every sequence has one token (the convolution's update path); one batch per such class is
+  planned (``padded_prefill_batches``), and every decode batch size with a mask. Off with
+  ``EngineLimits(extra={"fla_padded": False})``.
 The model's other fla modules (RMSNorm with its residual, GatedMLP...) are probed once in a meta forward
 of the model and called with the same arguments at every prefill shape.
-Not planned: padded batches with an attention mask (fla unpads them to varlen with ``cu_seqlens``, whose
-chunk indices are read back with ``.tolist()``), and prefill continuing from a state (chunked prefill).
+Not planned: prefill continuing from a state (chunked prefill), and explicit ``cu_seqlens`` of dtype
+int64 (the mask path makes int32 offsets; packed int32 ``cu_seqlens`` launch as a padded batch of the
+same total does, except more than 64 one-token sequences packed together).
 Planning cost is one layer forward per shape, about 2.4 ms on meta on the H200 host; see
 scripts/bench/planning_cost.py.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -28,7 +37,7 @@ import torch
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, is_warmup_shape
-from .meta import MetaCaller, ProbedCall, layer_settings, probe
+from .meta import HostIndices, MetaCaller, ProbedCall, layer_settings, probe
 
 log = logging.getLogger("jit_ahead.providers.fla")
 
@@ -57,6 +66,61 @@ def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
     for batch in range(1, limits.max_batch_size + 1):
         for seq in range(1, max(1, min(limits.max_seq_len, limits.max_num_tokens // batch)) + 1):
             yield batch, seq
+
+
+# GatedDeltaNet.forward (eval) runs fused_recurrent for a padded length up to this, chunk beyond
+FUSED_RECURRENT_MAX_LEN = 64
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """A padded prefill: each sequence's valid tokens, and the padded length of the batch."""
+
+    lengths: tuple[int, ...]
+    padded: int
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    def mask(self) -> torch.Tensor:
+        """The host attention mask, padded on the left as generation pads decoder-only prompts."""
+        mask = torch.zeros(self.batch, self.padded, dtype=torch.long)
+        for row, length in enumerate(self.lengths):
+            mask[row, self.padded - length:] = 1
+        return mask
+
+
+def padded_prefill_batches(limits: EngineLimits) -> Iterator[PaddedBatch]:
+    """One padded batch per class that launches differently: the mode its padded length picks
+    (one token; up to FUSED_RECURRENT_MAX_LEN: fused_recurrent; beyond: chunk), with every total of valid
+    tokens that class reaches within the limits. Where sequences split those tokens does not change a
+    launch (the varlen kernels take offsets as pointers); tests/test_providers.py checks this against
+    random masks."""
+    for shortest, longest in ((1, 1), (2, FUSED_RECURRENT_MAX_LEN), (FUSED_RECURRENT_MAX_LEN + 1, limits.max_seq_len)):
+        longest = min(longest, limits.max_seq_len)
+        if shortest > longest:
+            continue
+        for total in range(shortest, min(limits.max_num_tokens, limits.max_batch_size * longest) + 1):
+            found = _padded_batch(total, shortest, longest, limits)
+            if found is not None:
+                yield found
+
+
+def _padded_batch(total: int, shortest: int, longest: int, limits: EngineLimits) -> PaddedBatch | None:
+    """The batch with the fewest rows that has ``total`` valid tokens and a padded length in
+    [shortest, longest]: one full row, the rest spread over rows of at least one token."""
+    for batch in range(1, min(limits.max_batch_size, total) + 1):
+        padded = max(shortest, -(-total // batch))
+        if padded > longest or batch * padded > limits.max_num_tokens or total < padded + batch - 1:
+            continue
+        lengths, rest = [padded], total - padded
+        for row in range(batch - 1):
+            take = min(padded, rest - (batch - 2 - row))  # leave at least one token for each later row
+            lengths.append(take)
+            rest -= take
+        return PaddedBatch(tuple(lengths), padded)
+    return None
 
 
 class FlaGatedDeltaNetProvider(Provider):
@@ -104,11 +168,23 @@ class FlaGatedDeltaNetProvider(Provider):
                 else:
                     yield PlannedLaunch(priority, lambda b=batch, s=seq, site=site: _prefill(site, b, s),
                                         f"{site.label} prefill B={batch} T={seq}")
-            if isinstance(site, GatedDeltaNetSite) and site.cached:
+            if not isinstance(site, GatedDeltaNetSite):
+                continue
+            padded = limits.extra.get("fla_padded", True)
+            if padded:
+                for shape in padded_prefill_batches(limits):
+                    first = is_warmup_shape(limits, shape.batch, shape.padded)
+                    yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
+                                        lambda shape=shape, site=site: _padded_prefill(site, shape),
+                                        f"{site.label} padded prefill lengths={list(shape.lengths)}")
+            if site.cached:
                 for batch in range(1, limits.max_batch_size + 1):
-                    yield PlannedLaunch(Priority.WARMUP if batch in graphs else Priority.BACKGROUND,
-                                        lambda b=batch, site=site: _decode(site, b),
+                    priority = Priority.WARMUP if batch in graphs else Priority.BACKGROUND
+                    yield PlannedLaunch(priority, lambda b=batch, site=site: _decode(site, b),
                                         f"{site.label} decode B={batch}")
+                    if padded:
+                        yield PlannedLaunch(priority, lambda b=batch, site=site: _decode(site, b, padded=True),
+                                            f"{site.label} padded decode B={batch}")
 
 
 def _outer_fla_modules(model, layer_class) -> list:
@@ -137,17 +213,28 @@ def _hidden(site: GatedDeltaNetSite, batch: int, seq: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _prefill(site: GatedDeltaNetSite, batch: int, seq: int):
+def _prefill(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None = None):
     from fla.models.utils import Cache
 
-    if not site.cached:
-        return site.caller(_hidden(site, batch, seq))
-    cache = Cache()
-    site.caller(_hidden(site, batch, seq), past_key_values=cache, use_cache=True)
-    return cache
+    padded = {} if mask is None else {"attention_mask": mask}
+    with contextlib.nullcontext() if mask is None else HostIndices():
+        if not site.cached:
+            return site.caller(_hidden(site, batch, seq), **padded)
+        cache = Cache()
+        site.caller(_hidden(site, batch, seq), past_key_values=cache, use_cache=True, **padded)
+        return cache
+
+
+def _padded_prefill(site: GatedDeltaNetSite, shape: PaddedBatch):
+    return _prefill(site, shape.batch, shape.padded, shape.mask())
 
 
 @torch.no_grad()
-def _decode(site: GatedDeltaNetSite, batch: int) -> None:
-    cache = _prefill(site, batch, 1)
-    site.caller(_hidden(site, batch, 1), past_key_values=cache, use_cache=True)
+def _decode(site: GatedDeltaNetSite, batch: int, padded: bool = False) -> None:
+    """One decode step after a one-token prefill; ``padded``: with the attention mask generation passes
+    (one column per token so far)."""
+    mask = torch.ones(batch, 1, dtype=torch.long) if padded else None
+    cache = _prefill(site, batch, 1, mask)
+    step = {} if mask is None else {"attention_mask": torch.ones(batch, 2, dtype=torch.long)}
+    with contextlib.nullcontext() if mask is None else HostIndices():
+        site.caller(_hidden(site, batch, 1), past_key_values=cache, use_cache=True, **step)

@@ -6,7 +6,10 @@ Two things stand between a library's launcher and a meta tensor:
 - launchers read a few values back to the host (``.item()``, ``assert (t < n).all()``): meta tensors have
   no values, so ``MetaScalars`` answers those reads with a value the provider picks (booleans read as
   true, so sanity asserts pass). A provider enumerates the values that change a compiled variant, e.g.
-  one per integer specialization class of a count that reaches a kernel argument.
+  one per integer specialization class of a count that reaches a kernel argument;
+- index data computed from values (``nonzero`` of an attention mask, sequence offsets, chunk indices):
+  ``HostIndices`` lets a provider pass such inputs as small host tensors with real values, so the
+  library's own index code runs on them, while activations stay on meta.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -87,6 +91,25 @@ class MetaScalars(TorchDispatchMode):
                 return True
             return float(self.value) if tensor.dtype.is_floating_point else int(self.value)
         return func(*args, **(kwargs or {}))
+
+
+class HostIndices(TorchDispatchMode):
+    """Host tensors next to meta activations: an op whose tensor arguments mix meta and host tensors runs
+    on meta (the host ones are copied to meta for it); an op on host tensors alone runs on the host.
+
+    A padded batch's mask given on the host makes a library's unpadding compute real sequence offsets and
+    chunk indices (``nonzero``, ``repeat_interleave``, ``.tolist()``), which meta tensors cannot, and its
+    gather of the activations stays on meta. Offsets reach kernels as host tensors: a capture reads only
+    their dtype and alignment, as Triton's binder does on the GPU. Dispatch modes are per thread, so a
+    planning thread's mode does not touch a serving thread."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(t.is_meta for t in tensors) and not all(t.is_meta for t in tensors):
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t if t.is_meta else t.to("meta"), (args, kwargs))
+        return func(*args, **kwargs)
 
 
 def int_class_representatives(upper: int) -> tuple[int, ...]:

@@ -15,7 +15,9 @@ GatedDeltaNet model; random weights, no downloads), these arms, each a fresh pro
                     (scripts/gpu/serving_ab.py runs it against warm, interleaved)
 Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch sizes, one full prefill),
 mark serving, then REQUESTS random requests (batch size, prompt length within the limits; prefill plus
-NEW_TOKENS decode steps). Triton's compilation listener counts compile() calls with cache_hit False
+NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of prompts, each request's prompts
+have random lengths, padded on the left, with an attention mask at every step (fla then runs its varlen
+kernels). Triton's compilation listener counts compile() calls with cache_hit False
 (executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out.
 
     python scripts/gpu/serving_loop.py --out docs/gpu
@@ -41,7 +43,7 @@ REQUESTS = 40
 NEW_TOKENS = 4
 
 
-def run_arm(model_name: str, arm: str) -> dict:
+def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
     import torch
 
     from jit_ahead import demo_models
@@ -85,7 +87,7 @@ def run_arm(model_name: str, arm: str) -> dict:
         else:
             session.wait_ready(timeout=600)
     t_ready = time.perf_counter() - T_START
-    demo_models.warmup(model, limits, "cuda")
+    demo_models.warmup(model, limits, "cuda", padded=padded)
     torch.cuda.synchronize()
     t_warm = time.perf_counter() - T_START
     counter.phase = "serving"
@@ -96,12 +98,13 @@ def run_arm(model_name: str, arm: str) -> dict:
     profiler = _profiler()
     for i, (batch, prompt) in enumerate(shapes):
         t0, c0 = time.perf_counter(), time.thread_time()
-        demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i)
+        lengths = demo_models.prompt_lengths(batch, prompt, seed=i) if padded else None
+        demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i, lengths=lengths)
         torch.cuda.synchronize()
         latencies.append(time.perf_counter() - t0)
         cpu_times.append(time.thread_time() - c0)  # this thread's own CPU: more work, or more waiting?
     t_end = time.perf_counter() - T_START
-    result = {"model": model_name, "arm": arm, "model_built_s": t_model, "ready_s": t_ready,
+    result = {"model": model_name, "arm": arm, "padded": padded, "model_built_s": t_model, "ready_s": t_ready,
               "warmup_end_s": t_warm, "end_s": t_end, "worst_request_s": max(latencies),
               "median_request_s": sorted(latencies)[len(latencies) // 2],
               "executor_compiles_warmup": len(compiles["warmup"]),
@@ -239,11 +242,13 @@ def main() -> int:
                         help="arms in order; without 'cold', 'warm' runs on the cache the first cold-jit* arm "
                              "left (list that arm first then)")
     parser.add_argument("--arm-timeout", type=float, default=590, help="seconds before an arm is stopped")
+    parser.add_argument("--padded", action="store_true",
+                        help="prompts of random lengths, padded, with an attention mask (as generate serves a batch)")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:  # one arm, in this fresh process
-        print("ARM " + json.dumps(run_arm(args.model, args.arm)), flush=True)
+        print("ARM " + json.dumps(run_arm(args.model, args.arm, args.padded)), flush=True)
         return 0
     results = []
     for model in args.models.split(","):
@@ -266,10 +271,11 @@ def main() -> int:
                     env["JIT_AHEAD_RECORD_DIR"] = records
                 t0 = time.perf_counter()
                 try:
-                    proc = subprocess.run([sys.executable, __file__, "--arm", arm, "--model", model],
+                    command = [sys.executable, __file__, "--arm", arm, "--model", model] + ["--padded"] * args.padded
+                    proc = subprocess.run(command,
                                           env=env, capture_output=True, text=True, timeout=args.arm_timeout)
                 except subprocess.TimeoutExpired:
-                    results.append({"model": model, "arm": arm,
+                    results.append({"model": model, "arm": arm, "padded": args.padded,
                                     "error": f"did not finish within {args.arm_timeout:.0f} s"})
                     print(json.dumps(results[-1]), flush=True)
                     continue
@@ -277,7 +283,7 @@ def main() -> int:
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
                 if line is None:
                     print(proc.stderr[-3000:], file=sys.stderr)
-                    results.append({"model": model, "arm": arm, "error": proc.stderr[-500:]})
+                    results.append({"model": model, "arm": arm, "padded": args.padded, "error": proc.stderr[-500:]})
                     continue
                 result = json.loads(line[4:])
                 result["process_wall_s"] = wall
@@ -289,8 +295,11 @@ def main() -> int:
             previous = json.load(f)
     except (OSError, ValueError):
         pass
-    ran = {(r["model"], r["arm"]) for r in results}
-    results = [r for r in previous.get("results", []) if (r["model"], r["arm"]) not in ran] + results
+    def run_key(r: dict) -> tuple:
+        return r["model"], r["arm"], r.get("padded", False)
+
+    ran = set(map(run_key, results))
+    results = [r for r in previous.get("results", []) if run_key(r) not in ran] + results
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": versions(), "limits": LIMITS, "requests": REQUESTS, "new_tokens": NEW_TOKENS,
               "results": results}
@@ -299,16 +308,19 @@ def main() -> int:
         json.dump(report, f, indent=1)
     lines = [f"# Serving loop, cold with jit_ahead vs warm and cold without ({report['date']})", "",
              "`python scripts/gpu/serving_loop.py --out docs/gpu`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
-             f"; {REQUESTS} random requests (prefill + {NEW_TOKENS} decode steps) after warmup.", "",
+             f"; {REQUESTS} random requests (prefill + {NEW_TOKENS} decode steps) after warmup"
+             + (", prompts of random lengths padded with an attention mask (`--padded`)." if args.padded else "."), "",
              "| model | arm | process wall s | warmup end s | end s | executor compiles warmup / serving | worst request s | jit_ahead / warm (end) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['arm']} | {r['error'][:60]} | | | | | |")
             continue
-        warm = next((w for w in results if w["model"] == r["model"] and w["arm"] == "warm" and "error" not in w), None)
+        warm = next((w for w in results if run_key(w) == (r["model"], "warm", r.get("padded", False))
+                     and "error" not in w), None)
         ratio = f"{r['end_s'] / warm['end_s']:.2f}" if warm and r["arm"].startswith("cold-jit") else ""
-        lines.append(f"| {r['model']} | {r['arm']} | {r['process_wall_s']:.1f} | {r['warmup_end_s']:.1f} | {r['end_s']:.1f} | "
+        arm = r["arm"] + (" (padded)" if r.get("padded") else "")
+        lines.append(f"| {r['model']} | {arm} | {r['process_wall_s']:.1f} | {r['warmup_end_s']:.1f} | {r['end_s']:.1f} | "
                      f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | {r['worst_request_s']:.2f} | {ratio} |")
     with open(os.path.join(args.out, "serving_loop.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
