@@ -92,12 +92,15 @@ def serve(inbox, outbox, builder) -> int:
         message = read_message(inbox)
         if message is None or isinstance(message, Shutdown):
             return 0
-        if isinstance(message, Preload):
-            write_message(outbox, preload(message.modules))
-        elif isinstance(message, Job):
-            write_message(outbox, _build(builder, message))
-        else:
-            log.error("ignoring unexpected message %r", type(message).__name__)
+        try:
+            if isinstance(message, Preload):
+                write_message(outbox, preload(message.modules))
+            elif isinstance(message, Job):
+                write_message(outbox, _build(builder, message))
+            else:
+                log.error("ignoring unexpected message %r", type(message).__name__)
+        except BrokenPipeError:  # the server is gone (exited or crashed): its own error is the one to read
+            return 0
 
 
 def main(argv: list[str]) -> int:

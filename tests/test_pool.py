@@ -268,3 +268,18 @@ def test_once_serving_starts_helpers_beyond_serving_workers_stop_and_the_rest_fi
     assert events[first_retired]["helper"] == "helper-1"  # it stopped after its build; the queue was not empty
     later = [e["helper"] for e in events[first_retired:] if e["event"] == "build_start"]
     assert later and set(later) == {"helper-0"}
+
+
+def test_a_helper_whose_server_is_gone_stops_quietly():
+    # a server that exits or crashes closes its end of the pipes; a helper answering a message then gets
+    # EPIPE, and stops without a traceback of its own next to the server's
+    from jit_ahead.core.protocol import Preload, write_message
+    from jit_ahead_helpers import worker
+
+    inbox_r, inbox_w = os.pipe()
+    outbox_r, outbox_w = os.pipe()
+    with os.fdopen(inbox_w, "wb", buffering=0) as to_helper:
+        write_message(to_helper, Preload(("json",)))
+    os.close(outbox_r)
+    with os.fdopen(inbox_r, "rb", buffering=0) as inbox, os.fdopen(outbox_w, "wb", buffering=0) as outbox:
+        assert worker.serve(inbox, outbox, builder=None) == 0

@@ -216,6 +216,45 @@ def test_padded_prefill_batches_reach_every_class_within_the_limits():
     assert {t for c, t in classes if c == 65} == set(range(65, 300 + 1))
 
 
+def watch_untouched(model, layer_types):
+    """Hooks on ``model``'s layers of ``layer_types`` that record, whenever such a layer runs (planning
+    runs their replicas, which keep the hooks), whether the model still holds its own parameters and
+    training flags."""
+    own = {name: p for name, p in model.named_parameters()}
+    seen = []
+
+    def check(module, args):
+        seen.append(module is not model and all(p is own[n] and not p.is_meta for n, p in model.named_parameters())
+                    and all(m.training for m in model.modules()))
+
+    for module in model.modules():
+        if type(module).__name__ in layer_types:
+            module.register_forward_pre_hook(check)
+    return seen
+
+
+def test_planning_a_model_with_weights_leaves_the_model_alone():
+    # a server loads weights into its model and runs it while planning goes on in another thread: planning
+    # runs meta replicas, never swapping the model's parameters or flipping its training flags
+    small = EngineLimits(max_num_tokens=24, max_batch_size=2, max_seq_len=24, cuda_graph_batch_sizes=(1,))
+    fla_model = demo_models.fla_gated_deltanet(device="cpu").train()
+    seen = watch_untouched(fla_model, {"GatedDeltaNet", "GatedMLP"})
+    planned = planned_keys(FlaGatedDeltaNetProvider(), fla_model, small)
+    assert seen and all(seen)
+    on_meta = planned_keys(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), small)
+    assert {r.predicted_hash for r in planned.requests} == {r.predicted_hash for r in on_meta.requests}
+
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+    qwen = demo_models.liger_qwen3(device="cpu").train()
+    apply_liger_kernel_to_qwen3(model=qwen)  # Liger binds forwards to the model's own modules
+    seen = watch_untouched(qwen, {"Qwen3DecoderLayer", "LigerRMSNorm"})
+    planned = planned_keys(LigerProvider(), qwen, small)
+    assert seen and all(seen)
+    on_meta = planned_keys(LigerProvider(), demo_models.liger_qwen3(), small)
+    assert {r.predicted_hash for r in planned.requests} == {r.predicted_hash for r in on_meta.requests}
+
+
 def test_plan_model_with_builtin_providers_builds_warmup_first(session_factory):
     session = session_factory(workers=1)
     limits = EngineLimits(max_num_tokens=64, max_batch_size=2, max_seq_len=64, cuda_graph_batch_sizes=(1, 2))

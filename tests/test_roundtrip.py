@@ -73,6 +73,26 @@ def test_plan_launch_returns_every_pruned_autotune_config():
     assert len(requests) == 3 and {r.qualname for r in requests} == {"tuned_copy_kernel"}
 
 
+def test_planning_an_autotuned_launch_leaves_the_autotuner_a_serving_thread_runs_alone():
+    # Autotuner.run keeps the arguments of the launch in progress in ``nargs`` (its pruning and hooks read
+    # them there); a capture in a planning thread must not write them while the executor runs the kernel
+    import torch
+
+    from jit_ahead.triton import plan_launch
+
+    from .kernels import basic as k
+
+    autotuner = k.tuned_copy_kernel
+    serving_args = {"in progress": "of the executor"}
+    autotuner.nargs = serving_args
+    try:
+        x = torch.empty(4096, device="meta", dtype=torch.float16)
+        assert len(plan_launch(autotuner, x, x, 4096)) == 3  # no choice yet: every config requested
+        assert autotuner.nargs is serving_args
+    finally:
+        autotuner.nargs = None
+
+
 @pytest.mark.parametrize("name, skips_repeats", [("width_tuned_kernel", True), ("width_tuned_even_kernel", False)])
 def test_an_autotuned_launch_at_many_counts_plans_what_separate_launches_do(name, skips_repeats):
     # One capture skips an autotuned launch whose tuning key, configs and argument specialization it has

@@ -1,8 +1,9 @@
 """Running model code on meta tensors for planning.
 
 Two things stand between a library's launcher and a meta tensor:
-- the model may hold real weights (on a GPU, where a launch would really run): ``meta_call`` runs a
-  module with meta stand-ins for its parameters and buffers, leaving the module itself untouched;
+- the model may hold real weights (on a GPU, where a launch would really run, and a server may be
+  loading or running them): ``MetaCaller`` runs a structural copy of a module whose parameters and
+  buffers are meta stand-ins, leaving the module itself untouched;
 - launchers read a few values back to the host (``.item()``, ``assert (t < n).all()``): meta tensors have
   no values, so ``MetaScalars`` answers those reads with a value the provider picks (booleans read as
   true, so sanity asserts pass). A provider enumerates the values that change a compiled variant, e.g.
@@ -14,7 +15,10 @@ Two things stand between a library's launcher and a meta tensor:
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import threading
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,56 +27,82 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def meta_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Meta stand-ins for every parameter and buffer of ``module`` (same dtype, shape and strides)."""
-    state = {}
-    for name, tensor in [*module.named_parameters(remove_duplicate=False),
-                         *module.named_buffers(remove_duplicate=False)]:
-        if tensor.is_meta:
-            state[name] = tensor
-        else:
+def meta_replica(module: torch.nn.Module, copies: dict[int, torch.nn.Module] | None = None) -> torch.nn.Module:
+    """A copy of ``module``'s structure whose parameters and buffers are meta stand-ins (same dtype, shape
+    and strides; weights tied in the model stay tied).
+
+    Planning calls the replica, never the module: a server loads weights into its model and runs it while
+    planning goes on in another thread, so planning must not swap the model's parameters (as
+    ``torch.func.functional_call`` does for the length of a call) nor flip its ``training`` flags. Each
+    submodule is copied shallowly with its own parameter, buffer, submodule and hook tables; other
+    attributes (sizes, configs, eps) are shared and only read. ``copies`` receives each submodule's
+    replica by ``id`` of the submodule."""
+    stand_ins: dict[int, torch.Tensor] = {}
+    copies = {} if copies is None else copies
+
+    def stand_in(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None or tensor.is_meta:
+            return tensor
+        if id(tensor) not in stand_ins:
             meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-            state[name] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(
+            stand_ins[id(tensor)] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(
                 tensor, torch.nn.Parameter) else meta
-    return state
+        return stand_ins[id(tensor)]
+
+    def replicate(original: torch.nn.Module) -> torch.nn.Module:
+        if id(original) in copies:
+            return copies[id(original)]
+        replica = copy.copy(original)
+        copies[id(original)] = replica
+        for name, value in vars(original).items():
+            if isinstance(value, (dict, set, list)):  # hook and attribute tables: the replica's own
+                vars(replica)[name] = copy.copy(value)
+            else:  # a forward patched onto the instance (Liger's apply_liger_kernel_to_*(model=...)...)
+                vars(replica)[name] = _rebound(value, original, replica)
+        replica._parameters = {n: stand_in(p) for n, p in original._parameters.items()}
+        replica._buffers = {n: stand_in(b) for n, b in original._buffers.items()}
+        replica._modules = {n: None if m is None else replicate(m) for n, m in original._modules.items()}
+        return replica
+
+    return replicate(module)
 
 
-def on_meta(module: torch.nn.Module) -> bool:
-    return all(t.is_meta for t in [*module.parameters(), *module.buffers()])
+def _rebound(value, original: torch.nn.Module, replica: torch.nn.Module):
+    """``value`` with ``original`` bound as its first argument rebound to ``replica``: a method bound to
+    the instance, or a ``functools.partial`` over it (accelerate's hooked forward); else ``value``."""
+    if isinstance(value, types.MethodType) and value.__self__ is original:
+        return types.MethodType(value.__func__, replica)
+    if isinstance(value, functools.partial) and value.args and value.args[0] is original:
+        return functools.partial(value.func, replica, *value.args[1:], **value.keywords)
+    return value
 
 
 class MetaCaller:
-    """Calls one module on meta inputs; free when the module is already on meta.
+    """Calls a meta replica of one module (``meta_replica``) on meta inputs; the module itself is never
+    called or changed.
 
-    ``inference=True`` calls it as a server does, with ``training`` off for the call (a model is often
-    still in training mode at construction; layers such as fla's pick their kernels by that flag)."""
+    ``inference=True`` calls it as a server does, with ``training`` off (a model is often still in
+    training mode at construction; layers such as fla's pick their kernels by that flag)."""
 
     def __init__(self, module: torch.nn.Module, inference: bool = False) -> None:
-        self.module = module
-        self.inference = inference
-        self._state = None if on_meta(module) else meta_state(module)
+        self._copies: dict[int, torch.nn.Module] = {}
+        self.replica = meta_replica(module, self._copies)
+        if inference:
+            self.replica.train(False)  # the replica's own flags: the model's stay as they are
 
     def tensor(self, name: str) -> torch.Tensor:
         """The meta stand-in of one parameter or buffer (``"weight"``)."""
-        return self.module.get_parameter(name) if self._state is None else self._state[name]
+        try:
+            return self.replica.get_parameter(name)
+        except AttributeError:
+            return self.replica.get_buffer(name)
+
+    def replica_of(self, submodule: torch.nn.Module) -> torch.nn.Module:
+        """The replica of one of the module's submodules."""
+        return self._copies[id(submodule)]
 
     def __call__(self, *args, **kwargs):
-        with _eval_mode(self.module) if self.inference else contextlib.nullcontext():
-            if self._state is None:
-                return self.module(*args, **kwargs)
-            return torch.func.functional_call(self.module, self._state, args, kwargs, strict=False)
-
-
-@contextlib.contextmanager
-def _eval_mode(module: torch.nn.Module):
-    training = [(m, m.training) for m in module.modules() if m.training]
-    for m, _ in training:
-        m.training = False
-    try:
-        yield
-    finally:
-        for m, flag in training:
-            m.training = flag
+        return self.replica(*args, **kwargs)
 
 
 class MetaScalars(TorchDispatchMode):
@@ -105,11 +135,21 @@ class HostIndices(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if any(t.is_meta for t in tensors) and not all(t.is_meta for t in tensors):
+        if _mixes_meta_and_host((*args, *kwargs.values())):
             args, kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: t if t.is_meta else t.to("meta"), (args, kwargs))
         return func(*args, **kwargs)
+
+
+def _mixes_meta_and_host(values) -> bool:
+    """Whether these op arguments (tensors, or lists of them as in cat and index) hold both meta and
+    non-meta tensors. Every op of a planned forward asks this, so it avoids a full pytree walk."""
+    devices = set()
+    for value in values:
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor):
+                devices.add(item.is_meta)
+    return len(devices) == 2
 
 
 def int_class_representatives(upper: int) -> tuple[int, ...]:
@@ -273,32 +313,33 @@ def probe(model: torch.nn.Module, layers: list[torch.nn.Module],
     recorder = _FunctionRecorder(functions_from) if functions_from else None
     running: list[ProbedCall] = []  # the call of each probed layer now in its forward, innermost last
 
-    def enter(module, args, kwargs):
+    def enter(layer_id, args, kwargs):
         call = ProbedCall.of(args, kwargs)
-        calls.setdefault(id(module), {}).setdefault(call, None)
+        calls.setdefault(layer_id, {}).setdefault(call, None)
         running.append(call)
         if recorder is not None:
             recorder.stack.append([])
 
-    def leave(module, args, kwargs, output):
+    def leave(layer_id):
         if not running:  # always_call: the call failed before enter() ran
             return
         call = running.pop()
         if recorder is not None:
             ops = recorder.stack.pop()
-            seen = calls[id(module)]
+            seen = calls[layer_id]
             if ops and seen.get(call) is None:
                 seen[call] = tuple(ops)
 
-    handles = [layer.register_forward_pre_hook(enter, with_kwargs=True) for layer in layers]
-    handles += [layer.register_forward_hook(leave, with_kwargs=True, always_call=True) for layer in layers]
-    try:
-        input_ids = torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device="meta")
-        # MetaScalars: transformers' mask code asks ``(mask == 0).all()``; it reads as true on meta
-        with capture(), torch.no_grad(), context or contextlib.nullcontext(), MetaScalars(), (
-                recorder.active() if recorder else contextlib.nullcontext()):
-            MetaCaller(model, inference=True)(input_ids=input_ids, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    # the hooks go on the replica's layers (its own hook tables), keyed by the model's layers
+    caller = MetaCaller(model, inference=True)
+    for layer in layers:
+        replica = caller.replica_of(layer)
+        replica.register_forward_pre_hook(lambda m, a, k, key=id(layer): enter(key, a, k), with_kwargs=True)
+        replica.register_forward_hook(lambda m, a, k, out, key=id(layer): leave(key), with_kwargs=True,
+                                      always_call=True)
+    input_ids = torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device="meta")
+    # MetaScalars: transformers' mask code asks ``(mask == 0).all()``; it reads as true on meta
+    with capture(), torch.no_grad(), context or contextlib.nullcontext(), MetaScalars(), (
+            recorder.active() if recorder else contextlib.nullcontext()):
+        caller(input_ids=input_ids, use_cache=False)
     return Probe(calls)

@@ -176,21 +176,20 @@ def _capturing_autotuner_run(self, *args, **kwargs):
         return _original_autotuner_run(probe, *args, **kwargs)
     except _NoChoiceYet as missing:
         tuning_key = missing.tuning_key
-    self.nargs = dict(zip(self.arg_names, args))
-    try:
-        pruned = self.prune_configs(kwargs)
-        # recorded choices answer only where Triton's check_disk_cache would be asked
-        known = autotune.KNOWN.config_for(self, tuning_key, pruned) if self.cache_results else None
-        configs = pruned if known is None else [known]
-        repeat = _repeat_key(self, plan.device, tuning_key, configs, args, kwargs)
-        if repeat is not None and plan.seen_autotune(repeat):
-            return None
-        for config in configs:
-            self.fn.run(*args, **kwargs, **config.all_kwargs())
-        if repeat is not None:
-            plan.add_autotune(repeat)
-    finally:
-        self.nargs = None
+    # pruning reads the arguments from ``nargs``: set them on the private copy, never on the autotuner a
+    # serving thread may be running at this moment
+    probe.nargs = dict(zip(self.arg_names, args))
+    pruned = probe.prune_configs(kwargs)
+    # recorded choices answer only where Triton's check_disk_cache would be asked
+    known = autotune.KNOWN.config_for(self, tuning_key, pruned) if self.cache_results else None
+    configs = pruned if known is None else [known]
+    repeat = _repeat_key(self, plan.device, tuning_key, configs, args, kwargs)
+    if repeat is not None and plan.seen_autotune(repeat):
+        return None
+    for config in configs:
+        self.fn.run(*args, **kwargs, **config.all_kwargs())
+    if repeat is not None:
+        plan.add_autotune(repeat)
     return None
 
 

@@ -18,7 +18,9 @@ mark serving, then REQUESTS random requests (batch size, prompt length within th
 NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of prompts, each request's prompts
 have random lengths, padded on the left, with an attention mask at every step (fla then runs its varlen
 kernels). Triton's compilation listener counts compile() calls with cache_hit False
-(executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out.
+(executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out, and the whole
+stderr of an arm that failed. SERVING_LOOP_WAIT_ALL=1 makes the jit_ahead arms wait for all planning, not
+only WARMUP's, before warmup (a diagnosis: no planning left while the model runs).
 
     python scripts/gpu/serving_loop.py --out docs/gpu
 """
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 T_START = time.perf_counter()
 T_START_WALL = time.time()
@@ -84,25 +87,38 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
         run = session.plan_model(model, limits)
         if arm == "cold-jit-overlap":
             run.wait(timeout=600)
+        elif os.environ.get("SERVING_LOOP_WAIT_ALL") == "1":  # diagnosis: no planning left during warmup
+            from jit_ahead.core.priority import Priority
+
+            session.wait_ready(timeout=600, priority=Priority.BACKGROUND)
         else:
             session.wait_ready(timeout=600)
     t_ready = time.perf_counter() - T_START
-    demo_models.warmup(model, limits, "cuda", padded=padded)
-    torch.cuda.synchronize()
-    t_warm = time.perf_counter() - T_START
-    counter.phase = "serving"
-    if session is not None:
-        session.mark_serving()
-    latencies, cpu_times = [], []
     shapes = demo_models.request_shapes(limits, REQUESTS, seed=1)
-    profiler = _profiler()
-    for i, (batch, prompt) in enumerate(shapes):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        lengths = demo_models.prompt_lengths(batch, prompt, seed=i) if padded else None
-        demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i, lengths=lengths)
+    try:
+        demo_models.warmup(model, limits, "cuda", padded=padded)
         torch.cuda.synchronize()
-        latencies.append(time.perf_counter() - t0)
-        cpu_times.append(time.thread_time() - c0)  # this thread's own CPU: more work, or more waiting?
+        t_warm = time.perf_counter() - T_START
+        counter.phase = "serving"
+        if session is not None:
+            session.mark_serving()
+        latencies, cpu_times = [], []
+        profiler = _profiler()
+        for i, (batch, prompt) in enumerate(shapes):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            lengths = demo_models.prompt_lengths(batch, prompt, seed=i) if padded else None
+            demo_models.serve(model, batch, prompt, NEW_TOKENS, device="cuda", seed=i, lengths=lengths)
+            torch.cuda.synchronize()
+            latencies.append(time.perf_counter() - t0)
+            cpu_times.append(time.thread_time() - c0)  # this thread's own CPU: more work, or more waiting?
+    except Exception as exc:  # a failed arm still says when it failed, next to jit_ahead's milestones
+        failure = {"model": model_name, "arm": arm, "padded": padded, "error": f"{type(exc).__name__}: {exc}"[:400],
+                   "failed_at_s": round(time.perf_counter() - T_START, 2), "phase": counter.phase,
+                   "ready_s": t_ready, "milestones": _milestones(timeline)}
+        print("ARM " + json.dumps(failure), flush=True)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # a CUDA error is sticky: no teardown
     t_end = time.perf_counter() - T_START
     result = {"model": model_name, "arm": arm, "padded": padded, "model_built_s": t_model, "ready_s": t_ready,
               "warmup_end_s": t_warm, "end_s": t_end, "worst_request_s": max(latencies),
@@ -281,11 +297,13 @@ def main() -> int:
                     continue
                 wall = time.perf_counter() - t0
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
-                if line is None:
+                result = json.loads(line[4:]) if line else {"model": model, "arm": arm, "padded": args.padded,
+                                                            "error": proc.stderr[-500:]}
+                if "error" in result:
                     print(proc.stderr[-3000:], file=sys.stderr)
-                    results.append({"model": model, "arm": arm, "padded": args.padded, "error": proc.stderr[-500:]})
-                    continue
-                result = json.loads(line[4:])
+                    os.makedirs(args.out, exist_ok=True)  # the whole of it: the cause is often not at the end
+                    with open(os.path.join(args.out, f"{model}_{arm}.stderr.txt"), "w") as f:
+                        f.write(proc.stderr)
                 result["process_wall_s"] = wall
                 results.append(result)
                 print(json.dumps(result), flush=True)
