@@ -203,6 +203,24 @@ def test_fla_plan_covers_padded_batches_with_an_attention_mask():
                                                                     "chunk_fwd_kernel_o"}
 
 
+def test_padded_planning_leaves_fla_index_memo_to_serving_threads():
+    # fla memoizes prepare_chunk_indices & co. in one deque per function for all threads; a serving thread
+    # iterating one while planning appends would raise "deque mutated during iteration"
+    import collections
+
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    memo = next(c.cell_contents for c in prepare_chunk_indices.__closure__
+                if isinstance(c.cell_contents, collections.deque))
+    memo.clear()
+    small = EngineLimits(max_num_tokens=130, max_batch_size=2, max_seq_len=130, cuda_graph_batch_sizes=(1,))
+    planned = planned_keys(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), small)
+    assert "chunk_fwd_kernel_o" in {r.name for r in planned.requests}  # chunk mode ran its index helpers
+    assert len(memo) == 0
+    offsets = torch.tensor([0, 70, 130], dtype=torch.int32)  # outside planning the memo still works
+    assert prepare_chunk_indices(offsets, 64) is prepare_chunk_indices(offsets, 64) and len(memo) == 1
+
+
 def test_padded_prefill_batches_reach_every_class_within_the_limits():
     limits = EngineLimits(max_num_tokens=300, max_batch_size=5, max_seq_len=100)
     batches = list(padded_prefill_batches(limits))

@@ -13,7 +13,8 @@ fla ``Cache`` as transformers generation passes it:
 - padded batches (an ``attention_mask``, as transformers' ``generate`` always passes one): the layer
   unpads them to one packed sequence with ``cu_seqlens`` (varlen kernels). The mask is given on the host
   with real values under ``HostIndices``, so fla's own unpadding and chunk-index code runs; activations
-  stay on meta. A padded batch launches by the mode its padded length picks, its number of valid tokens
+  stay on meta (and fla's index memo, shared by all threads, is off in the planning thread). A padded
+  batch launches by the mode its padded length picks, its number of valid tokens
   and whether every sequence has one token (the convolution's update path); one batch per such class is
   planned (``padded_prefill_batches``), and every decode batch size with a mask. Off with
   ``EngineLimits(extra={"fla_padded": False})``.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -212,12 +214,48 @@ def _hidden(site: GatedDeltaNetSite, batch: int, seq: int) -> torch.Tensor:
     return torch.empty(batch, seq, site.hidden, dtype=site.dtype, device="meta")
 
 
+class _TensorCacheSwitch:
+    """Stands in for ``fla.utils.FLA_DISABLE_TENSOR_CACHE``: true in a thread planning padded batches, the
+    user's setting everywhere else.
+
+    fla memoizes its varlen index helpers (``prepare_chunk_indices``...) in one deque per function, shared
+    by every thread; a serving thread iterating one while planning appends to it raises "deque mutated
+    during iteration". So planning threads skip the memo and recompute those small host tensors."""
+
+    def __init__(self, setting) -> None:
+        self.setting = setting
+        self.local = threading.local()
+
+    def __bool__(self) -> bool:
+        return getattr(self.local, "planning", False) or bool(self.setting)
+
+
+_switch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _padded_planning() -> Iterator[None]:
+    """Host masks under HostIndices, with fla's shared index memo off in this thread."""
+    import fla.utils
+
+    with _switch_lock:
+        switch = getattr(fla.utils, "FLA_DISABLE_TENSOR_CACHE", False)
+        if not isinstance(switch, _TensorCacheSwitch):
+            switch = fla.utils.FLA_DISABLE_TENSOR_CACHE = _TensorCacheSwitch(switch)
+    switch.local.planning = True
+    try:
+        with HostIndices():
+            yield
+    finally:
+        switch.local.planning = False
+
+
 @torch.no_grad()
 def _prefill(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None = None):
     from fla.models.utils import Cache
 
     padded = {} if mask is None else {"attention_mask": mask}
-    with contextlib.nullcontext() if mask is None else HostIndices():
+    with contextlib.nullcontext() if mask is None else _padded_planning():
         if not site.cached:
             return site.caller(_hidden(site, batch, seq), **padded)
         cache = Cache()
@@ -236,5 +274,5 @@ def _decode(site: GatedDeltaNetSite, batch: int, padded: bool = False) -> None:
     mask = torch.ones(batch, 1, dtype=torch.long) if padded else None
     cache = _prefill(site, batch, 1, mask)
     step = {} if mask is None else {"attention_mask": torch.ones(batch, 2, dtype=torch.long)}
-    with contextlib.nullcontext() if mask is None else HostIndices():
+    with contextlib.nullcontext() if mask is None else _padded_planning():
         site.caller(_hidden(site, batch, 1), past_key_values=cache, use_cache=True, **step)
