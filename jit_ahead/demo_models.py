@@ -49,6 +49,7 @@ def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_i
     ``new_tokens`` greedily with the cache. ``position_ids=True`` passes them as ``generate`` does.
     ``lengths``: the prompts' own lengths (at most ``prompt``); they are padded on the left to ``prompt``
     and an attention mask is passed at every step, as ``generate`` pads a batch of prompts."""
+    from .providers.fla import PaddedBatch
     from .providers.meta import MetaScalars
 
     vocab = model.config.vocab_size
@@ -61,7 +62,7 @@ def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_i
     if lengths is not None:
         if len(lengths) != batch or not all(1 <= n <= prompt for n in lengths):
             raise ValueError(f"lengths {lengths} must be {batch} prompt lengths in 1..{prompt}")
-        mask = torch.tensor([[0] * (prompt - n) + [1] * n for n in lengths], device=device)
+        mask = PaddedBatch(tuple(lengths), prompt).mask().to(device)
     cache = new_cache(model)
     # on meta, transformers' mask code reads ``(mask == 0).all()`` back: MetaScalars answers it
     with MetaScalars() if device == "meta" else contextlib.nullcontext():

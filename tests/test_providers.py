@@ -160,9 +160,7 @@ def padded_batches(limits, count, seed):
         batch = rng.randint(1, limits.max_batch_size)
         longest = min(limits.max_seq_len, limits.max_num_tokens // batch)
         padded = [1, rng.randint(2, 64), rng.randint(65, longest) if longest > 64 else longest][i % 3]
-        lengths = [rng.randint(1, padded) for _ in range(batch)]
-        lengths[rng.randrange(batch)] = padded
-        batches.append((batch, padded, tuple(lengths)))
+        batches.append((batch, padded, demo_models.prompt_lengths(batch, padded, seed=rng.getrandbits(32))))
     return batches
 
 

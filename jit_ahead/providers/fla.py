@@ -14,9 +14,9 @@ fla ``Cache`` as transformers generation passes it:
   unpads them to one packed sequence with ``cu_seqlens`` (varlen kernels). The mask is given on the host
   with real values under ``HostIndices``, so fla's own unpadding and chunk-index code runs; activations
   stay on meta (and fla's index memo, shared by all threads, is off in the planning thread). A padded
-  batch launches by the mode its padded length picks, its number of valid tokens
-  and whether every sequence has one token (the convolution's update path); one batch per such class is
-  planned (``padded_prefill_batches``), and every decode batch size with a mask. Off with
+  batch launches by the mode its padded length picks, its number of valid tokens and whether every
+  sequence has one token (the convolution's update path); one batch per such class is planned
+  (``padded_prefill_batches``), and every decode batch size with a mask. Off with
   ``EngineLimits(extra={"fla_padded": False})``.
 The model's other fla modules (RMSNorm with its residual, GatedMLP...) are probed once in a meta forward
 of the model and called with the same arguments at every prefill shape.
@@ -234,20 +234,25 @@ _switch_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _padded_planning() -> Iterator[None]:
-    """Host masks under HostIndices, with fla's shared index memo off in this thread."""
+def _padded_planning(padded: bool) -> Iterator[None]:
+    """For a call with a host mask (``padded``): HostIndices, with fla's shared index memo off in this
+    thread; nothing otherwise."""
+    if not padded:
+        yield
+        return
     import fla.utils
 
     with _switch_lock:
         switch = getattr(fla.utils, "FLA_DISABLE_TENSOR_CACHE", False)
         if not isinstance(switch, _TensorCacheSwitch):
             switch = fla.utils.FLA_DISABLE_TENSOR_CACHE = _TensorCacheSwitch(switch)
+    before = getattr(switch.local, "planning", False)
     switch.local.planning = True
     try:
         with HostIndices():
             yield
     finally:
-        switch.local.planning = False
+        switch.local.planning = before
 
 
 @torch.no_grad()
@@ -255,7 +260,7 @@ def _prefill(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor |
     from fla.models.utils import Cache
 
     padded = {} if mask is None else {"attention_mask": mask}
-    with contextlib.nullcontext() if mask is None else _padded_planning():
+    with _padded_planning(mask is not None):
         if not site.cached:
             return site.caller(_hidden(site, batch, seq), **padded)
         cache = Cache()
@@ -274,5 +279,5 @@ def _decode(site: GatedDeltaNetSite, batch: int, padded: bool = False) -> None:
     mask = torch.ones(batch, 1, dtype=torch.long) if padded else None
     cache = _prefill(site, batch, 1, mask)
     step = {} if mask is None else {"attention_mask": torch.ones(batch, 2, dtype=torch.long)}
-    with contextlib.nullcontext() if mask is None else _padded_planning():
+    with _padded_planning(padded):
         site.caller(_hidden(site, batch, 1), past_key_values=cache, use_cache=True, **step)

@@ -7,7 +7,7 @@ seconds and microseconds per launch. The row-wise Liger layers are enumerated ov
 (default 16384, the issue's yardstick: about a second or less per layer type).
 
 With ``--device cuda`` the models hold real weights on the GPU, as a server's do when it plans after
-building them: layers are then called with meta stand-ins for their weights.
+building them: planning then calls meta replicas of their layers (``MetaCaller``).
 
     python scripts/bench/planning_cost.py --out docs/bench [--tokens 16384] [--device meta|cuda]
 """
