@@ -275,11 +275,12 @@ def main() -> int:
             # the warm arm reuses the cache the cold arm left, else that of the first jit_ahead arm
             first_cold = "cold" if "cold" in arms else next((a for a in arms if a.startswith("cold-jit")), "cold")
             records = tempfile.mkdtemp(prefix="records_", dir=scratch) if "cold-jit-replay" in arms else None
-            for arm in arms:
+            for index, arm in enumerate(arms):
                 if arm == "warm":
                     cache = caches.setdefault(first_cold, plain)
                 else:
-                    if arm not in caches:
+                    # a replay arm listed again starts from an empty cache again (repeated starts)
+                    if arm not in caches or arm == "cold-jit-replay":
                         caches[arm] = tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch)  # empty
                     cache = caches[arm]
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
@@ -302,7 +303,8 @@ def main() -> int:
                 if "error" in result:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     os.makedirs(args.out, exist_ok=True)  # the whole of it: the cause is often not at the end
-                    with open(os.path.join(args.out, f"{model}_{arm}.stderr.txt"), "w") as f:
+                    repeat = f"_{index}" if arms.count(arm) > 1 else ""
+                    with open(os.path.join(args.out, f"{model}_{arm}{repeat}.stderr.txt"), "w") as f:
                         f.write(proc.stderr)
                 result["process_wall_s"] = wall
                 results.append(result)
@@ -328,17 +330,21 @@ def main() -> int:
              "`python scripts/gpu/serving_loop.py --out docs/gpu`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
              f"; {REQUESTS} random requests (prefill + {NEW_TOKENS} decode steps) after warmup"
              + (", prompts of random lengths padded with an attention mask (`--padded`)." if args.padded else "."), "",
-             "| model | arm | process wall s | warmup end s | end s | executor compiles warmup / serving | worst request s | jit_ahead / warm (end) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | arm | process wall s | ready s | planning done s | warmup end s | end s "
+             "| executor compiles warmup / serving | worst request s | jit_ahead / warm (end) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['arm']} | {r['error'][:60]} | | | | | |")
+            lines.append(f"| {r['model']} | {r['arm']} | {r['error'][:60]} | | | | | | | |")
             continue
         warm = next((w for w in results if run_key(w) == (r["model"], "warm", r.get("padded", False))
                      and "error" not in w), None)
         ratio = f"{r['end_s'] / warm['end_s']:.2f}" if warm and r["arm"].startswith("cold-jit") else ""
         arm = r["arm"] + (" (padded)" if r.get("padded") else "")
-        lines.append(f"| {r['model']} | {arm} | {r['process_wall_s']:.1f} | {r['warmup_end_s']:.1f} | {r['end_s']:.1f} | "
+        # planning done after ready: warmup ran while planning still enumerated BACKGROUND shapes
+        planned = r.get("milestones", {}).get("planned", {}).get("last_s")
+        lines.append(f"| {r['model']} | {arm} | {r['process_wall_s']:.1f} | {r['ready_s']:.1f} | "
+                     f"{'' if planned is None else f'{planned:.1f}'} | {r['warmup_end_s']:.1f} | {r['end_s']:.1f} | "
                      f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | {r['worst_request_s']:.2f} | {ratio} |")
     with open(os.path.join(args.out, "serving_loop.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
