@@ -4,7 +4,8 @@
 For each planned site of the built-in providers on the demo models (jit_ahead.demo_models), runs every
 launch the provider enumerates within the limits, in one capture, and reports launches, variants,
 seconds and microseconds per launch. The row-wise Liger layers are enumerated over tokens 1..--tokens
-(default 16384, the issue's yardstick: about a second or less per layer type).
+(default 16384, the issue's yardstick: about a second or less per layer type). fla's padded batches (an
+attention mask: fla unpads on the host and runs varlen kernels) get rows of their own, "(padded)".
 
 With ``--device cuda`` the models hold real weights on the GPU, as a server's do when it plans after
 building them: planning then calls meta replicas of their layers (``MetaCaller``).
@@ -32,17 +33,20 @@ def measure(provider, model, limits) -> list[dict]:
     rows.append({"provider": provider.name, "site": "find_layers (probe forward)", "launches": 0, "variants": 0,
                  "seconds": time.perf_counter() - t0})
     for site in sites:
-        launches = list(provider.launches([site], limits))
-        if not launches:
-            continue
-        with capture() as plan:
-            t0 = time.perf_counter()
-            for launch in launches:
-                launch.run()
-            seconds = time.perf_counter() - t0
+        # padded batches (fla's attention-mask path: unpadding on the host, varlen kernels) timed apart
+        groups: dict[str, list] = {}
+        for launch in provider.launches([site], limits):
+            groups.setdefault("padded" if " padded " in launch.label else "", []).append(launch)
         label = getattr(site, "label", None) or type(site).__name__
-        rows.append({"provider": provider.name, "site": label, "launches": len(launches), "variants": len(plan),
-                     "seconds": seconds, "us_per_launch": 1e6 * seconds / len(launches)})
+        for kind, launches in groups.items():
+            with capture() as plan:
+                t0 = time.perf_counter()
+                for launch in launches:
+                    launch.run()
+                seconds = time.perf_counter() - t0
+            rows.append({"provider": provider.name, "site": label + (f" ({kind})" if kind else ""),
+                         "launches": len(launches), "variants": len(plan), "seconds": seconds,
+                         "us_per_launch": 1e6 * seconds / len(launches)})
     return rows
 
 
