@@ -69,6 +69,7 @@ def test_liger_layers_are_enumerated_through_the_ops_they_ran():
     ops = {s.label: [op.function.__name__ for op in s.ops] for s in sites}
     assert ops["model.layers.0.mlp"] == ["LigerSiLUMulFunction"]
     assert ops["model.layers.0.input_layernorm"] == ops["model.layers.0.self_attn.q_norm"] == ["LigerRMSNormFunction"]
+    assert all(s.caller is None for s in sites)  # replayed ops need no meta replica of the layer
 
 
 class StridedNormModel(torch.nn.Module):
@@ -91,6 +92,7 @@ def test_a_liger_op_fed_a_strided_view_is_enumerated_through_its_layer():
     limits = EngineLimits(max_num_tokens=40, max_batch_size=2, max_seq_len=40)
     (site,) = LigerProvider().find_layers(model)
     assert site.ops is None  # templates are contiguous: replaying the op alone could launch another variant
+    assert site.caller is not None  # so the layer's own forward runs, on a meta replica
     planned = planned_keys(LigerProvider(), model, limits)
     assert "_rms_norm_forward_kernel" in {r.name for r in planned.requests}
 

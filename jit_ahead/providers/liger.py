@@ -48,9 +48,9 @@ def _row_wise_classes() -> tuple[type, ...]:
 @dataclass(frozen=True)
 class RowWiseSite:
     """A row-wise Liger layer and the call it gets (its input is ``(tokens, heads, head_dim)`` for q_norm),
-    with the Liger ops that call ran (None: enumerated through the layer's own forward)."""
+    with the Liger ops that call ran (None: enumerated through the layer's own forward, by ``caller``)."""
 
-    caller: MetaCaller
+    caller: MetaCaller | None  # only where there are no ops to replay: a replica costs a copy of the layer
     call: ProbedCall
     ops: tuple[FunctionCall, ...] | None
     label: str
@@ -140,7 +140,7 @@ class LigerProvider(Provider):
                     continue
                 signature = (layer_settings(module), call, ops)
                 if signature not in distinct:  # the layers of a stack launch the same variants: plan one
-                    distinct[signature] = RowWiseSite(MetaCaller(module), call, ops, name)
+                    distinct[signature] = RowWiseSite(None if ops else MetaCaller(module), call, ops, name)
         sites: list = list(distinct.values())
         sites.extend(dict.fromkeys(rope_calls))  # one site per distinct RoPE layout
         lm_head = getattr(model, "lm_head", None)
