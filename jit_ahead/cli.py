@@ -124,16 +124,17 @@ def _serve_on_gpu(session, names: list[str], limits, requests: int) -> int:
     torch.cuda.synchronize()
     counter.phase = "serving"
     session.mark_serving()
-    worst = 0.0
+    worst = (0.0, "")  # seconds, and which request: a slow one says what it was
     for i, (batch, prompt) in enumerate(demo_models.request_shapes(limits, requests, seed=0)):
+        name = names[i % len(names)]
         t0 = time.perf_counter()
-        demo_models.serve(models[names[i % len(names)]], batch, prompt, 4, device="cuda", seed=i)
+        demo_models.serve(models[name], batch, prompt, 4, device="cuda", seed=i)
         torch.cuda.synchronize()
-        worst = max(worst, time.perf_counter() - t0)
+        worst = max(worst, (time.perf_counter() - t0, f"request {i + 1}, {name}, batch {batch}, prompt {prompt}"))
     counter.uninstall()
     warm, serving = (len(counter.compiled[phase]) for phase in ("warmup", "serving"))
     print(f"served {requests} requests on {torch.cuda.get_device_name(0)}: executor compiles in warmup "
-          f"{warm}, after warmup {serving}; worst request {worst * 1000:.0f} ms")
+          f"{warm}, after warmup {serving}; worst request {worst[0] * 1000:.0f} ms ({worst[1]})")
     return 0 if serving == 0 else 1
 
 
