@@ -215,6 +215,17 @@ def _milestones(timeline: list[tuple]) -> dict:
         found = times(event)
         if found:
             out[event] = {"first_s": found[0], "last_s": found[-1], "count": len(found)}
+    # builds by priority (a helper builds one at a time: its build_finish is for its last build_start):
+    # whether readiness waited for WARMUP's last build or for something queued later
+    building: dict = {}
+    by_priority: dict[str, list[float]] = {}
+    for name, t, helper, priority in timeline:
+        if name == "build_start":
+            building[helper] = priority
+        elif name == "build_finish" and building.get(helper):
+            by_priority.setdefault(building.pop(helper), []).append(t)
+    for priority, found in sorted(by_priority.items()):
+        out[f"build_finish_{priority}"] = {"first_s": min(found), "last_s": max(found), "count": len(found)}
     return out
 
 
