@@ -44,11 +44,13 @@ def new_cache(model):
 
 @torch.no_grad()
 def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_ids: bool = False,
-          seed: int = 0, lengths: tuple[int, ...] | None = None) -> torch.Tensor:
+          seed: int = 0, lengths: tuple[int, ...] | None = None, next_turn: int = 0) -> torch.Tensor:
     """One request batch as a server runs it: prefill ``batch`` prompts of ``prompt`` tokens, then decode
     ``new_tokens`` greedily with the cache. ``position_ids=True`` passes them as ``generate`` does.
     ``lengths``: the prompts' own lengths (at most ``prompt``); they are padded on the left to ``prompt``
-    and an attention mask is passed at every step, as ``generate`` pads a batch of prompts."""
+    and an attention mask is passed at every step, as ``generate`` pads a batch of prompts.
+    ``next_turn``: then prefill a further ``next_turn`` tokens per row onto the same cache, as a chat
+    server that keeps a conversation's cache runs its next turn."""
     from .providers.fla import PaddedBatch
     from .providers.meta import MetaScalars
 
@@ -68,7 +70,12 @@ def serve(model, batch: int, prompt: int, new_tokens: int, *, device, position_i
     with MetaScalars() if device == "meta" else contextlib.nullcontext():
         tokens = []
         step, start = ids, 0
-        for _ in range(new_tokens + 1):
+        turns = [None] * (new_tokens + 1) + ([next_turn] if next_turn else [])
+        for turn in turns:
+            if turn:  # the next prompt, after the last decoded token
+                step = ids[:, :1].expand(batch, turn).contiguous()
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(batch, turn - 1)], dim=1)
             kwargs = {}
             if position_ids:
                 kwargs["position_ids"] = torch.arange(start, start + step.shape[1], device=device).expand(batch, -1)

@@ -203,6 +203,31 @@ def test_fla_plan_covers_padded_batches_with_an_attention_mask():
                                                                     "chunk_fwd_kernel_o"}
 
 
+def test_fla_continued_prefills_are_planned_on_request():
+    # a next prompt onto a cache that holds a state launches the convolution and the chunk kernels with an
+    # initial state; real calls on the CPU, plain and padded (fla unpads with the real mask)
+    model = demo_models.fla_gated_deltanet(device="cpu")
+    rng = random.Random(17)
+    shapes = []
+    for _ in range(6):
+        batch = rng.randint(1, LIMITS.max_batch_size)
+        # the first prompt (2 tokens) and one decoded token come first, within the sequence limit
+        turn = rng.randint(2, min(LIMITS.max_num_tokens // batch, LIMITS.max_seq_len) - 3)
+        lengths = tuple(rng.randint(1, 2) for _ in range(batch)) if rng.random() < 0.5 else None
+        shapes.append((batch, turn, lengths))
+    assert any(s[2] for s in shapes) and any(not s[2] for s in shapes) and any(s[1] > 64 for s in shapes)
+
+    def next_turn(batch, turn, lengths):
+        demo_models.serve(model, batch, 2, 0, device="cpu", lengths=lengths, next_turn=turn)
+
+    continued = EngineLimits(**{**vars(LIMITS), "extra": {"fla_continued_prefill": True}})
+    planned = planned_keys(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), continued)
+    assert misses(planned, shapes, next_turn) == []
+    # off by default, and then these calls miss the initial-state variants
+    planned = planned_keys(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(), LIMITS)
+    assert "causal_conv1d_fwd_kernel" in {name for _, name in misses(planned, shapes, next_turn)}
+
+
 def test_padded_planning_leaves_fla_index_memo_to_serving_threads():
     # fla memoizes prepare_chunk_indices & co. in one deque per function for all threads; a serving thread
     # iterating one while planning appends would raise "deque mutated during iteration"

@@ -18,12 +18,18 @@ fla ``Cache`` as transformers generation passes it:
   sequence has one token (the convolution's update path); one batch per such class is planned
   (``padded_prefill_batches``), and every decode batch size with a mask. Off with
   ``EngineLimits(extra={"fla_padded": False})``.
+- continued prefills, on request (``EngineLimits(extra={"fla_continued_prefill": True})``): a prompt
+  prefilled onto a cache that already holds a state (a chat's next turn reusing its cache, chunked
+  prefill) launches the convolution and the chunk kernels with an initial state, variants no plain
+  prefill reaches. Every prefill shape (and padded batch, unless those are off) is planned again onto the
+  state a one-token prefill leaves, all BACKGROUND. Off by default: it doubles the layer's planning
+  forwards, and a server that starts every request from an empty cache never launches them.
 The model's other fla modules (RMSNorm with its residual, GatedMLP...) are probed once in a meta forward
 of the model and called with the same arguments at every prefill shape.
-Not planned: prefill continuing from a state (chunked prefill), and explicit ``cu_seqlens`` of dtype
-int64 (the mask path makes int32 offsets; packed int32 ``cu_seqlens`` launch as a padded batch of the
-same total does, except more than 64 one-token sequences packed together).
-Planning cost is one layer forward per shape, about 2.4 ms on meta on the H200 host; see
+Not planned: explicit ``cu_seqlens`` of dtype int64 (the mask path makes int32 offsets; packed int32
+``cu_seqlens`` launch as a padded batch of the same total does, except more than 64 one-token sequences
+packed together).
+Planning cost is one layer forward per shape, about 3 ms on meta on the H200 host (10 ms padded); see
 scripts/bench/planning_cost.py.
 """
 from __future__ import annotations
@@ -179,6 +185,8 @@ class FlaGatedDeltaNetProvider(Provider):
                     yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
                                         lambda shape=shape, site=site: _padded_prefill(site, shape),
                                         f"{site.label} padded prefill lengths={list(shape.lengths)}")
+            if site.cached and limits.extra.get("fla_continued_prefill", False):
+                yield from _continued_prefills(site, limits, padded)
             if site.cached:
                 for batch in range(1, limits.max_batch_size + 1):
                     priority = Priority.WARMUP if batch in graphs else Priority.BACKGROUND
@@ -187,6 +195,19 @@ class FlaGatedDeltaNetProvider(Provider):
                     if padded:
                         yield PlannedLaunch(priority, lambda b=batch, site=site: _decode(site, b, padded=True),
                                             f"{site.label} padded decode B={batch}")
+
+
+def _continued_prefills(site: GatedDeltaNetSite, limits: EngineLimits, padded: bool) -> Iterator[PlannedLaunch]:
+    """Every prefill shape (and padded batch) again, onto a cache holding a state; BACKGROUND: warmup
+    starts from empty caches."""
+    for batch, seq in prefill_shapes(limits):
+        yield PlannedLaunch(Priority.BACKGROUND, lambda b=batch, s=seq: _continued_prefill(site, b, s),
+                            f"{site.label} continued prefill B={batch} T={seq}")
+    if padded:
+        for shape in padded_prefill_batches(limits):
+            yield PlannedLaunch(Priority.BACKGROUND,
+                                lambda shape=shape: _continued_prefill(site, shape.batch, shape.padded, shape.mask()),
+                                f"{site.label} padded continued prefill lengths={list(shape.lengths)}")
 
 
 def _outer_fla_modules(model, layer_class) -> list:
@@ -273,11 +294,18 @@ def _padded_prefill(site: GatedDeltaNetSite, shape: PaddedBatch):
 
 
 @torch.no_grad()
+def _continued_prefill(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None = None) -> None:
+    """A prefill of ``seq`` tokens onto the state a one-token prefill left; ``mask``: the new tokens'
+    columns of a padded batch (the earlier token's column is all ones, as generate extends a mask)."""
+    first = None if mask is None else torch.ones(batch, 1, dtype=torch.long)
+    cache = _prefill(site, batch, 1, first)
+    extra = {} if mask is None else {"attention_mask": torch.cat([first, mask], dim=1)}
+    with _padded_planning(mask is not None):
+        site.caller(_hidden(site, batch, seq), past_key_values=cache, use_cache=True, **extra)
+
+
+@torch.no_grad()
 def _decode(site: GatedDeltaNetSite, batch: int, padded: bool = False) -> None:
-    """One decode step after a one-token prefill; ``padded``: with the attention mask generation passes
-    (one column per token so far)."""
-    mask = torch.ones(batch, 1, dtype=torch.long) if padded else None
-    cache = _prefill(site, batch, 1, mask)
-    step = {} if mask is None else {"attention_mask": torch.ones(batch, 2, dtype=torch.long)}
-    with _padded_planning(padded):
-        site.caller(_hidden(site, batch, 1), past_key_values=cache, use_cache=True, **step)
+    """One decode step after a one-token prefill (a one-token continued prefill); ``padded``: with the
+    attention mask generation passes (one column per token so far)."""
+    _continued_prefill(site, batch, 1, torch.ones(batch, 1, dtype=torch.long) if padded else None)

@@ -5,12 +5,13 @@ For each planned site of the built-in providers on the demo models (jit_ahead.de
 launch the provider enumerates within the limits, in one capture, and reports launches, variants,
 seconds and microseconds per launch. The row-wise Liger layers are enumerated over tokens 1..--tokens
 (default 16384, the issue's yardstick: about a second or less per layer type). fla's padded batches (an
-attention mask: fla unpads on the host and runs varlen kernels) get rows of their own, "(padded)".
+attention mask: fla unpads on the host and runs varlen kernels) get rows of their own, "(padded)", and with
+``--continued`` so do its continued prefills (a prompt onto a cache holding a state).
 
 With ``--device cuda`` the models hold real weights on the GPU, as a server's do when it plans after
 building them: planning then calls meta replicas of their layers (``MetaCaller``).
 
-    python scripts/bench/planning_cost.py --out docs/bench [--tokens 16384] [--device meta|cuda]
+    python scripts/bench/planning_cost.py --out docs/bench [--tokens 16384] [--device meta|cuda] [--continued]
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def measure(provider, model, limits) -> list[dict]:
         # padded batches (fla's attention-mask path: unpadding on the host, varlen kernels) timed apart
         groups: dict[str, list] = {}
         for launch in provider.launches([site], limits):
-            groups.setdefault("padded" if " padded " in launch.label else "", []).append(launch)
+            kind = " ".join(word for word in ("padded", "continued") if f" {word} " in launch.label)
+            groups.setdefault(kind, []).append(launch)
         label = getattr(site, "label", None) or type(site).__name__
         for kind, launches in groups.items():
             with capture() as plan:
@@ -55,6 +57,8 @@ def main() -> int:
     parser.add_argument("--out", default="docs/bench")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--device", default="meta", help="where the models' weights are (meta or cuda)")
+    parser.add_argument("--continued", action="store_true",
+                        help="also fla's continued prefills (extra fla_continued_prefill), in rows of their own")
     args = parser.parse_args()
     from jit_ahead.triton.standin import ensure_driver
 
@@ -65,18 +69,20 @@ def main() -> int:
     from jit_ahead.providers.liger import LigerProvider
 
     liger_limits = EngineLimits(max_num_tokens=args.tokens, max_batch_size=64, max_seq_len=args.tokens)
-    fla_limits = EngineLimits(max_num_tokens=1024, max_batch_size=4, max_seq_len=1024)
+    fla_limits = EngineLimits(max_num_tokens=1024, max_batch_size=4, max_seq_len=1024,
+                              extra={"fla_continued_prefill": True} if args.continued else {})
     rows = measure(LigerProvider(), demo_models.liger_qwen3(device=args.device), liger_limits)
     rows += measure(FlaGatedDeltaNetProvider(), demo_models.fla_gated_deltanet(device=args.device), fla_limits)
     info = versions()
     report = {**info, "weights": args.device, "liger_limits": repr(liger_limits), "fla_limits": repr(fla_limits),
               "rows": rows}
-    name = "planning_cost" if args.device == "meta" else f"planning_cost_{args.device}"
+    name = "planning_cost" + ("" if args.device == "meta" else f"_{args.device}") + ("_continued" * args.continued)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(report, f, indent=1)
     lines = [f"# Planning cost per layer type, weights on {args.device} ({info['date']})", "",
-             f"`python scripts/bench/planning_cost.py --tokens {args.tokens} --device {args.device}`; Python "
+             f"`python scripts/bench/planning_cost.py --tokens {args.tokens} --device {args.device}"
+             f"{' --continued' * args.continued}`; Python "
              f"{info['python']}, torch {info['torch']}, Triton {info['triton']}, {info['cpu']}, "
              f"{info['cpus_usable']} CPUs.",
              f"Liger limits: {liger_limits.max_num_tokens} tokens, batch {liger_limits.max_batch_size}; "
