@@ -94,13 +94,11 @@ def main() -> int:
             row["process_wall_s"] = time.perf_counter() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)
-    import torch
-    import triton
-    from importlib.metadata import version
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serving_loop import versions
+
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
-              "fla-core": version("fla-core"), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              "cpus": len(os.sched_getaffinity(0)), "modules": MODULES, "rows": rows}
+              "versions": versions(), "modules": MODULES, "rows": rows}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "preload_time.json"), "w") as f:
         json.dump(report, f, indent=1)
@@ -109,9 +107,8 @@ def main() -> int:
         return "" if value is None else f"{value:.1f}"
 
     lines = [f"# Fork server preload time ({report['date']})", "",
-             f"`python scripts/gpu/preload_time.py`; Python {report['python']}, torch {report['torch']}, "
-             f"Triton {report['triton']}, fla-core {report['fla-core']}, {report['gpu']}, {report['cpus']} CPUs; "
-             f"modules {', '.join(MODULES)}.", "",
+             "`python scripts/gpu/preload_time.py`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+             + f"; modules {', '.join(MODULES)}.", "",
              "| arm | attempt | torch + triton import s | library import s | fork server ready s | "
              "preloaded s | preload s | server model built s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
