@@ -135,6 +135,28 @@ def test_no_helpers_means_misses_build_in_place(session_factory):
     assert ticket.state is State.DONE and ticket.result.builder == "executor"
 
 
+def test_a_miss_inside_an_autotuner_raises_the_other_configs_of_its_tuning_key(session_factory):
+    session = session_factory(workers=0)  # only the executor builds: what it does not take stays queued
+    events = []
+    session.stats.subscribe(events.append)
+    n = 5555  # a tuning key no other test chose a config for
+    with capture() as plan:
+        k.stored_tuning_kernel[(1,)](meta(n), meta(n), n)
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
+    (group,) = plan.autotune_groups
+    assert len(group) == 3 and set(group) < {r.predicted_hash for r in plan.requests}
+    (other,) = [r.predicted_hash for r in plan.requests if r.predicted_hash not in group]
+    session.triton.submit(plan, Priority.BACKGROUND)
+    table = session.triton.pool.table
+
+    k.stored_tuning_kernel[(1,)](meta(n), meta(n), n)  # its autotuner launches each config in turn
+    misses = [e for e in events if e["event"] == "executor_miss" and e["key"] in group]
+    assert [e["key"] for e in misses] == list(group)
+    assert misses[0]["siblings_raised"] == 3  # the missed config and the two the benchmark launches next
+    assert all(table.get(key).priority is Priority.URGENT and table.get(key).state is State.DONE for key in group)
+    assert table.get(other).priority is Priority.BACKGROUND and table.get(other).state is State.QUEUED
+
+
 def test_a_wait_longer_than_the_timeout_falls_back_to_triton(session_factory, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     session = session_factory(workers=1, wait_timeout=0.3)

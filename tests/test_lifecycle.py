@@ -261,3 +261,34 @@ def test_preload_at_session_start_from_the_environment(tmp_path, monkeypatch):
     (event,) = [e for e in events if e["event"] == "forkserver_preloaded"]
     assert event["modules"] == 2 and event["failed"] == []
     assert [e["event"] for e in events if "ready" in e["event"]] == ["forkserver_ready", "helper_ready"]
+
+
+def test_warmup_can_start_once_planned_and_each_launch_then_gets_its_variant_built_once():
+    from jit_ahead.core.session import Session
+    from jit_ahead.core.table import State
+
+    session = Session(triton={"workers": 1})  # not started yet: nothing is built until start()
+    try:
+        limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+        run = session.plan_model(model(), limits, [ScaleProvider()])
+        assert session.wait_planned(timeout=300)
+        warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
+        assert warm and all(t.state is State.QUEUED for t in warm)
+        assert not session.wait_ready(timeout=0.5)  # planned is not built
+
+        session.start()
+        events = []
+        session.stats.subscribe(events.append)
+        layer = model()[1]  # hidden 1000: its own variants
+        for tokens in limits.cuda_graph_batch_sizes:  # what warmup runs, now, while helpers start
+            layer(torch.empty(tokens, layer.hidden, device="meta", dtype=limits.torch_dtypes()[0]))
+        launched = [e["key"] for e in events if e["event"] == "executor_miss"]
+        assert launched, "the warmup launches found nothing to wait for"
+        tickets = {t.key: t for t in run.tickets}
+        assert all(tickets[key].state is State.DONE for key in launched)
+        assert all(tickets[key].priority == Priority.URGENT for key in launched)  # raised ahead of the queue
+        assert session.wait_ready(timeout=300)
+        builds = [e["key"] for e in events if e["event"] == "build_finish"]
+        assert len(builds) == len(set(builds)) and set(launched) <= set(builds)  # each built once
+    finally:
+        session.close()

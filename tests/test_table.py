@@ -33,6 +33,21 @@ def test_duplicates_share_one_ticket_and_a_higher_priority_raises_it():
     assert table.take_next("h", 0.01) is None  # the stale heap entry of "a" is skipped
 
 
+def test_raise_queued_moves_only_queued_tickets_ahead_in_the_order_given():
+    table = RequestTable()
+    for key in ("w", "a", "b", "c", "running"):
+        table.submit(req(key), Priority.WARMUP if key == "w" else Priority.BACKGROUND)
+    table.submit(req("u"), Priority.URGENT)
+    assert table.take_next("h", 0).key == "u"
+    assert table.take_next("h", 0).key == "w"
+    running = table.take_next("h", 0)
+    assert running.key == "a"
+    assert table.raise_queued(["c", "unknown", "a", "b"], Priority.URGENT) == 2  # "a" is running already
+    assert running.priority is Priority.BACKGROUND
+    assert [table.take_next("h", 0).key for _ in range(3)] == ["c", "b", "running"]
+    assert table.raise_queued(["c"], Priority.WARMUP) == 0  # taken: nothing to raise
+
+
 def test_claim_only_takes_queued_tickets():
     table = RequestTable()
     ticket = table.submit(req("a"), Priority.BACKGROUND)

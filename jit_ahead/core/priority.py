@@ -7,7 +7,8 @@ import enum
 class Priority(enum.IntEnum):
     """Why a variant is wanted. A lower value is served first.
 
-    URGENT: a launch on the executor is blocked on it right now.
+    URGENT: a launch on the executor is blocked on it right now, or an autotuner there is benchmarking
+        the configs of one tuning key and will launch it shortly.
     WARMUP: the engine's next warmup forward or CUDA-graph capture needs it.
     REPLAY: an earlier run of the same deployment used it.
     BACKGROUND: a provider enumerated it as reachable within the engine limits.

@@ -89,15 +89,28 @@ class Session:
         on enumerating BACKGROUND shapes afterwards. Replayed variants are REPLAY:
         ``priority=Priority.REPLAY`` waits for them too; ``Priority.BACKGROUND`` waits for everything."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.wait_planned(timeout, priority):
+            return False
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return all(family.pool.table.wait_settled(priority, remaining) for family in self.families.values())
+
+    def wait_planned(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
+        """Wait until planning has queued every launch up to ``priority`` and replay has queued its
+        records, without waiting for the builds; True if that happened within ``timeout``.
+
+        For an engine whose warmup has GPU work of its own to do, such as an autotuner benchmarking the
+        configs of a kernel library that stores its choices (fla): warming up right after this overlaps
+        that GPU work with the builds still running. Each warmup launch then waits for its own variant
+        (raised to the front of the queue) or builds it in place when the pool's measurements say that is
+        faster; a wait costs about 10 ms over the build itself, ``wait_ready`` spares them."""
+        deadline = None if timeout is None else time.monotonic() + timeout
 
         def remaining() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
         if not all(run.wait(remaining(), priority) for run in self._planning):
             return False
-        if not all(family.wait_replay(remaining()) for family in self.families.values()):
-            return False
-        return all(family.pool.table.wait_settled(priority, remaining()) for family in self.families.values())
+        return all(family.wait_replay(remaining()) for family in self.families.values())
 
     def add_serving_listener(self, callback) -> None:
         """``callback()`` runs once when serving starts (e.g. to cancel a fallback timer)."""

@@ -99,6 +99,21 @@ class RequestTable:
             self._cond.notify_all()
         return ticket, "raised"
 
+    def raise_queued(self, keys, priority: Priority) -> int:
+        """Raise the queued tickets among ``keys`` to ``priority``, in the order given (a helper takes the
+        first one first); unknown, running and finished keys are left alone. Returns how many were raised."""
+        raised = 0
+        with self._cond:
+            for key in keys:
+                ticket = self._tickets.get(key)
+                if ticket is not None and ticket.state is State.QUEUED and priority < ticket.priority:
+                    ticket.priority = priority
+                    self._push(ticket)
+                    raised += 1
+            if raised:
+                self._cond.notify_all()
+        return raised
+
     def _push(self, ticket: Ticket) -> None:
         heapq.heappush(self._heap, (int(ticket.priority), next(self._seq), ticket.key))
 

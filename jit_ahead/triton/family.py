@@ -1,10 +1,11 @@
 """The Triton family: its pool, its hook and its executor side, wired together."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from triton import knobs
 
@@ -66,17 +67,21 @@ class TritonFamily:
         knobs.compilation.listener = self._on_compile
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
-    def capture(self, target=None):
+    @contextlib.contextmanager
+    def capture(self, target=None) -> Iterator[Capture]:
         # Recorded autotune choices narrow what planning asks for: apply them first.
         if not self.wait_replay(timeout=60):
             log.warning("triton: records still being read after 60 s; planning goes on without their "
                         "autotune choices")
-        return capture(target)
+        with capture(target) as plan:
+            yield plan
+            self.executor.note_autotune_groups(plan.autotune_groups)
 
     def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
                priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
         """Queue what is not on disk yet; helpers preload the kernels' modules before building."""
         if isinstance(requests, Capture):
+            self.executor.note_autotune_groups(requests.autotune_groups)
             requests = requests.requests
         requests = list(requests)
         self.executor.note_planned(requests, source)

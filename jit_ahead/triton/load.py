@@ -2,7 +2,8 @@
 
 On disk: nothing to do, Triton loads it. Otherwise the core decides: wait for the helper that builds it
 (raised to URGENT), or build it in place on this thread, whichever is faster by measurement; a helper that
-dies releases its claim and the launch builds in place at once. Either way Triton then loads the
+dies releases its claim and the launch builds in place at once. A miss of one config of an autotuned launch
+raises the planned configs of that launch with it: the autotuner benchmarks them next. Either way Triton then loads the
 finished entry from disk. Failures fall back to Triton's normal in-place compile.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import defaultdict
 
 from ..core.executor import JitAfterReadyError, Outcome, obtain
 from ..core.pool import HelperPool
+from ..core.priority import Priority
 from ..core.table import State
 from .build import compile_request
 from .plan import request_from_hook
@@ -41,6 +43,8 @@ class TritonExecutor:
         self._lock = threading.Lock()
         self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
         self._planned_keys: set[str] = set()
+        # variant -> the autotuned launches (their variants, in config order) it was planned in
+        self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
         self.recorder = None  # called with each variant this process launches for the first time
 
     def note_planned(self, requests, source: str = "plan") -> None:
@@ -82,6 +86,25 @@ class TritonExecutor:
             raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
         log.warning("%s (JIT_AHEAD_MODE=warn)", message)
 
+    def note_autotune_groups(self, groups) -> None:
+        """Remember which planned variants an autotuner benchmarks together (Capture.autotune_groups)."""
+        with self._lock:
+            for group in groups:
+                for key in group:
+                    if group not in self._autotune_groups[key]:
+                        self._autotune_groups[key].append(group)
+
+    def _raise_autotune_siblings(self, request) -> int:
+        """A miss inside an autotuner's benchmark: it is about to launch the other configs of this tuning
+        key one after another, each waiting for its build. Raise them all to URGENT now, the missed one
+        first, so that helpers build them side by side instead of one per benchmark step."""
+        with self._lock:
+            groups = self._autotune_groups.get(request.predicted_hash)
+            if not groups:
+                return 0
+            keys = [request.predicted_hash] + [key for group in groups for key in group]
+        return self.pool.table.raise_queued(dict.fromkeys(keys), Priority.URGENT)
+
     def on_miss(self, *, fn, compile: dict) -> None:
         t0 = time.perf_counter()
         request = request_from_hook(fn, compile)
@@ -94,11 +117,13 @@ class TritonExecutor:
             return
         if self.guard != "off" and stats.phase == "serving" and not self._building_ahead(request):
             self._guard(request)
+        raised = self._raise_autotune_siblings(request)
         outcome, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
         with self._lock:
             planned = request.predicted_hash in self._planned_keys
         unplanned = {} if planned else {"spec": request.specialization_data}  # for the coverage report
         stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                   kernel=_kernel(request), outcome=outcome.value, planned=planned, seconds=waited, **unplanned)
+                   kernel=_kernel(request), outcome=outcome.value, planned=planned, seconds=waited,
+                   siblings_raised=raised, **unplanned)
         if outcome is Outcome.FALLBACK:
             log.warning("%s: no build ahead (see above); Triton compiles it in place", request.label)

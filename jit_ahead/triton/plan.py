@@ -15,6 +15,7 @@ launch once per tuning key and argument specialization; later launches that repe
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import itertools
 import json
@@ -90,6 +91,7 @@ class Capture:
         self._kernels: set[JITFunction] = set()
         self.device = next(_private_devices)
         self._autotuned: set = set()  # autotuned launches already requested in full (plan._repeat_key)
+        self._autotune_groups: list[tuple[str, ...]] = []  # the variants of each autotuned launch, in order
         self.autotune_repeats = 0  # autotuned launches skipped as repeats of those
         self.launches = 0
         self.seconds = 0.0
@@ -102,6 +104,9 @@ class Capture:
             self._kernels.add(kernel)
             self.launches += 1
             self._requests.setdefault(request.predicted_hash, request)
+        group = _autotune_group.get()
+        if group is not None:
+            group.append(request.predicted_hash)
 
     def seen_autotune(self, repeat_key) -> bool:
         with self._lock:
@@ -112,6 +117,17 @@ class Capture:
     def add_autotune(self, repeat_key) -> None:
         with self._lock:
             self._autotuned.add(repeat_key)
+
+    def add_autotune_group(self, keys: list[str]) -> None:
+        with self._lock:
+            self._autotune_groups.append(tuple(dict.fromkeys(keys)))
+
+    @property
+    def autotune_groups(self) -> list[tuple[str, ...]]:
+        """The variants of each autotuned launch that requested more than one config: the set an autotuner
+        on the executor benchmarks one after another when it meets that tuning key."""
+        with self._lock:
+            return list(self._autotune_groups)
 
     def release(self) -> None:
         """Drop the private in-memory caches this capture filled."""
@@ -137,6 +153,9 @@ class Capture:
 # Launches outside capturing contexts only pass through a ContextVar check while a capture runs, and
 # nothing at all otherwise.
 _original_autotuner_run = Autotuner.run
+# the variants requested by the autotuned launch being captured on this thread (Capture.autotune_groups)
+_autotune_group: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("jit_ahead_autotune_group",
+                                                                                    default=None)
 
 
 class _NoChoiceYet(Exception):
@@ -186,8 +205,15 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     repeat = _repeat_key(self, plan.device, tuning_key, configs, args, kwargs)
     if repeat is not None and plan.seen_autotune(repeat):
         return None
-    for config in configs:
-        self.fn.run(*args, **kwargs, **config.all_kwargs())
+    group: list[str] = []
+    token = _autotune_group.set(group)
+    try:
+        for config in configs:
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+    finally:
+        _autotune_group.reset(token)
+    if len(configs) > 1:
+        plan.add_autotune_group(group)
     if repeat is not None:
         plan.add_autotune(repeat)
     return None

@@ -9,8 +9,10 @@ GatedDeltaNet model; random weights, no downloads), these arms, each a fresh pro
                     serves. With cold-jit-replay in the run it also records (JIT_AHEAD_RECORD_DIR).
   cold-jit-replay   empty Triton cache again, jit_ahead with cold-jit's record folder: a deployment's
                     second start on a fresh machine (variants and autotune choices replayed)
-  cold-jit-overlap  as cold-jit, but warmup starts once planning has queued everything, without waiting
-                    for the builds: each launch waits for its own variant
+  cold-jit-early    as cold-jit, but warmup starts once planning has queued every WARMUP launch
+                    (Session.wait_planned), without waiting for the builds: each warmup launch waits for
+                    its own variant, and fla's autotuner benchmarks configs while helpers build others
+                    (until f0f19bc an arm cold-jit-overlap waited for all planning instead)
   warm-jit          jit_ahead on a warm cache (nothing left to build): what jit_ahead's presence costs
                     (scripts/gpu/serving_ab.py runs it against warm, interleaved)
 Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch sizes, one full prefill),
@@ -18,8 +20,9 @@ mark serving, then REQUESTS random requests (batch size, prompt length within th
 NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of prompts, each request's prompts
 have random lengths, padded on the left, with an attention mask at every step (fla then runs its varlen
 kernels). Triton's compilation listener counts compile() calls with cache_hit False
-(executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out, and the whole
-stderr of an arm that failed. SERVING_LOOP_WAIT_ALL=1 makes the jit_ahead arms wait for all planning, not
+(executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out, the whole
+stderr of an arm that failed, and with --stats-logs each jit_ahead arm's stats log (gzipped JSON lines:
+every build's helper, priority, start and finish). SERVING_LOOP_WAIT_ALL=1 makes the jit_ahead arms wait for all planning, not
 only WARMUP's, before warmup (a diagnosis: no planning left while the model runs).
 
     python scripts/gpu/serving_loop.py --out docs/gpu
@@ -28,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +62,7 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
     compiles = counter.compiled
     warnings = _collect_warnings()
     session = None
-    timeline: list[tuple] = []  # (event, seconds since process start, helper, priority) from jit_ahead's stats
+    timeline: list[tuple] = []  # (event, s since start, helper, priority, label, seconds) from the stats
     gc_pauses = _time_gc(counter)
     host_builds = _time_host_builds(counter)
     misses: list[dict] = []  # jit_ahead's executor misses in serving: what a slow request waited for
@@ -71,7 +76,8 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
         provider = LigerProvider if model_name == "qwen3-liger" else FlaGatedDeltaNetProvider
         session = Session(triton={"preload": provider.modules})
         session.stats.subscribe(lambda e: timeline.append((e["event"], round(e["time"] - T_START_WALL, 2),
-                                                            e.get("helper"), e.get("priority"))))
+                                                            e.get("helper"), e.get("priority"), e.get("label"),
+                                                            e.get("seconds"))))
 
         def note_serving_miss(e: dict) -> None:
             if e["event"] == "executor_miss" and counter.phase == "serving":
@@ -85,8 +91,8 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
     t_model = time.perf_counter() - T_START
     if session is not None:
         run = session.plan_model(model, limits)
-        if arm == "cold-jit-overlap":
-            run.wait(timeout=600)
+        if arm == "cold-jit-early":
+            session.wait_planned(timeout=600)
         elif os.environ.get("SERVING_LOOP_WAIT_ALL") == "1":  # diagnosis: no planning left during warmup
             from jit_ahead.core.priority import Priority
 
@@ -219,13 +225,20 @@ def _milestones(timeline: list[tuple]) -> dict:
     # whether readiness waited for WARMUP's last build or for something queued later
     building: dict = {}
     by_priority: dict[str, list[float]] = {}
-    for name, t, helper, priority in timeline:
+    builds = []
+    for name, t, helper, priority, label, seconds in timeline:
         if name == "build_start":
             building[helper] = priority
         elif name == "build_finish" and building.get(helper):
-            by_priority.setdefault(building.pop(helper), []).append(t)
+            priority = building.pop(helper)
+            by_priority.setdefault(priority, []).append(t)
+            builds.append({"label": label, "priority": priority, "helper": helper, "finish_s": t,
+                           "seconds": round(seconds or 0.0, 2)})
     for priority, found in sorted(by_priority.items()):
         out[f"build_finish_{priority}"] = {"first_s": min(found), "last_s": max(found), "count": len(found)}
+    if builds:  # the long poles: what the last builds to finish were, and how long each took
+        out["last_builds"] = sorted(builds, key=lambda b: b["finish_s"])[-5:]
+        out["longest_builds"] = sorted(builds, key=lambda b: b["seconds"])[-5:]
     return out
 
 
@@ -271,6 +284,8 @@ def main() -> int:
     parser.add_argument("--arm-timeout", type=float, default=590, help="seconds before an arm is stopped")
     parser.add_argument("--padded", action="store_true",
                         help="prompts of random lengths, padded, with an attention mask (as generate serves a batch)")
+    parser.add_argument("--stats-logs", action="store_true",
+                        help="keep each jit_ahead arm's stats log in --out as stats_<model>_<arm>.jsonl.gz")
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -297,6 +312,10 @@ def main() -> int:
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
                 if records and arm in ("cold-jit", "cold-jit-replay"):
                     env["JIT_AHEAD_RECORD_DIR"] = records
+                repeat = f"_{index}" if arms.count(arm) > 1 else ""
+                stats_log = os.path.join(scratch, f"stats_{model}_{arm}{repeat}.jsonl")
+                if args.stats_logs and arm != "warm" and arm != "cold":
+                    env["JIT_AHEAD_STATS"] = stats_log
                 t0 = time.perf_counter()
                 try:
                     command = [sys.executable, __file__, "--arm", arm, "--model", model] + ["--padded"] * args.padded
@@ -314,10 +333,14 @@ def main() -> int:
                 if "error" in result:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     os.makedirs(args.out, exist_ok=True)  # the whole of it: the cause is often not at the end
-                    repeat = f"_{index}" if arms.count(arm) > 1 else ""
                     with open(os.path.join(args.out, f"{model}_{arm}{repeat}.stderr.txt"), "w") as f:
                         f.write(proc.stderr)
                 result["process_wall_s"] = wall
+                if os.path.exists(stats_log):
+                    os.makedirs(args.out, exist_ok=True)
+                    with open(stats_log, "rb") as f, gzip.open(os.path.join(args.out, os.path.basename(stats_log)
+                                                                            + ".gz"), "wb") as g:
+                        shutil.copyfileobj(f, g)
                 results.append(result)
                 print(json.dumps(result), flush=True)
     previous = {}
