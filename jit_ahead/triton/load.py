@@ -2,9 +2,9 @@
 
 On disk: nothing to do, Triton loads it. Otherwise the core decides: wait for the helper that builds it
 (raised to URGENT), or build it in place on this thread, whichever is faster by measurement; a helper that
-dies releases its claim and the launch builds in place at once. A miss of one config of an autotuned launch
-raises the planned configs of that launch with it: the autotuner benchmarks them next. Either way Triton then loads the
-finished entry from disk. Failures fall back to Triton's normal in-place compile.
+dies releases its claim and the launch builds in place at once. A miss of one config of an autotuned
+launch raises the planned configs of that launch with it: the autotuner benchmarks them next. Either way
+Triton then loads the finished entry from disk. Failures fall back to Triton's normal in-place compile.
 """
 from __future__ import annotations
 

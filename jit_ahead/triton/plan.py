@@ -91,7 +91,9 @@ class Capture:
         self._kernels: set[JITFunction] = set()
         self.device = next(_private_devices)
         self._autotuned: set = set()  # autotuned launches already requested in full (plan._repeat_key)
-        self._autotune_groups: list[tuple[str, ...]] = []  # the variants of each autotuned launch, in order
+        # the variants of each autotuned launch, in config order; a dict: enumerating many tuning keys of
+        # one specialization repeats the same group
+        self._autotune_groups: dict[tuple[str, ...], None] = {}
         self.autotune_repeats = 0  # autotuned launches skipped as repeats of those
         self.launches = 0
         self.seconds = 0.0
@@ -120,7 +122,7 @@ class Capture:
 
     def add_autotune_group(self, keys: list[str]) -> None:
         with self._lock:
-            self._autotune_groups.append(tuple(dict.fromkeys(keys)))
+            self._autotune_groups.setdefault(tuple(dict.fromkeys(keys)), None)
 
     @property
     def autotune_groups(self) -> list[tuple[str, ...]]:

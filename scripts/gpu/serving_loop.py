@@ -15,9 +15,10 @@ GatedDeltaNet model; random weights, no downloads), these arms, each a fresh pro
                     (until f0f19bc an arm cold-jit-overlap waited for all planning instead)
   warm-jit          jit_ahead on a warm cache (nothing left to build): what jit_ahead's presence costs
                     (scripts/gpu/serving_ab.py runs it against warm, interleaved)
-Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch sizes, one full prefill),
-mark serving, then REQUESTS random requests (batch size, prompt length within the limits; prefill plus
-NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of prompts, each request's prompts
+An arm listed twice runs twice, a cold one from an empty cache each time (until 97ea84f only
+cold-jit-replay did). Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch
+sizes, one full prefill), mark serving, then REQUESTS random requests (batch size, prompt length within
+the limits; prefill plus NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of prompts, each request's prompts
 have random lengths, padded on the left, with an attention mask at every step (fla then runs its varlen
 kernels). Triton's compilation listener counts compile() calls with cache_hit False
 (executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out, the whole
@@ -305,8 +306,8 @@ def main() -> int:
                 if arm == "warm":
                     cache = caches.setdefault(first_cold, plain)
                 else:
-                    # a replay arm listed again starts from an empty cache again (repeated starts)
-                    if arm not in caches or arm == "cold-jit-replay":
+                    # a cold arm listed again starts from an empty cache again (repeated starts)
+                    if arm not in caches or arm in arms[:index]:
                         caches[arm] = tempfile.mkdtemp(prefix=f"{arm}_", dir=scratch)  # empty
                     cache = caches[arm]
                 env = dict(os.environ, TRITON_CACHE_DIR=cache)
