@@ -292,3 +292,20 @@ def test_warmup_can_start_once_planned_and_each_launch_then_gets_its_variant_bui
         assert len(builds) == len(set(builds)) and set(launched) <= set(builds)  # each built once
     finally:
         session.close()
+
+
+class KnobProvider(ScaleProvider):
+    name = "test-knob"
+    extra_limits = {"scale_repeat": "how often each launch is planned"}
+
+
+def test_an_extra_limit_no_provider_reads_gets_one_warning_naming_the_closest_key(session_factory, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = session_factory(workers=0)  # planning alone: nothing needs building here
+    limits = EngineLimits(max_num_tokens=8, max_batch_size=8, extra={"scale_repat": 2, "scale_repeat": 1})
+    run = session.plan_model(model(), limits, [KnobProvider()])
+    assert run.wait(timeout=300)
+    lines = [r.getMessage() for r in caplog.records if "EngineLimits.extra" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "'scale_repat'" in lines[0] and "did you mean 'scale_repeat' (test-knob)" in lines[0]
+    assert run.variants[Priority.BACKGROUND] > 0  # the rest of planning went on

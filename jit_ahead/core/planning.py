@@ -6,6 +6,7 @@ that fails is reported in one log line and skipped; planning never raises into t
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
@@ -55,9 +56,23 @@ class PlanningRun:
         self.errors.append(message)
         log.warning(message)
 
+    def _check_extra_limits(self) -> None:
+        """One log line for EngineLimits.extra keys no provider of this run reads (a misspelt knob would
+        otherwise be ignored without a word), with the closest known key."""
+        known = {key: provider.name for provider in self._providers
+                 for key in getattr(provider, "extra_limits", {})}
+        for key in sorted(set(self._limits.extra) - set(known)):
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r} ({known[close[0]]})?" if close else ""
+            log.warning("EngineLimits.extra[%r] is read by none of the providers planning this model (%s), "
+                        "so it is ignored%s Keys they read: %s", key,
+                        ", ".join(p.name for p in self._providers) or "none",
+                        hint or ".", ", ".join(sorted(known)) or "none")
+
     def _run(self) -> None:
         t0 = time.perf_counter()
         try:
+            self._check_extra_limits()
             groups: dict[tuple[Priority, str], list] = defaultdict(list)
             for provider in self._providers:
                 try:

@@ -30,6 +30,8 @@ class Provider(ABC):
     # kernel modules its launches build from: helpers import them as soon as planning starts, while the
     # provider still walks the model (a kernel library's import is seconds per helper)
     modules: ClassVar[tuple[str, ...]] = ()
+    # the EngineLimits.extra keys it reads, each with what it does: planning names any other key once
+    extra_limits: ClassVar[dict[str, str]] = {}
 
     @abstractmethod
     def find_layers(self, model) -> list:

@@ -135,6 +135,8 @@ class FlaGatedDeltaNetProvider(Provider):
     name = "fla-gated-deltanet"
     library = "fla"
     modules = ("fla.ops.gated_delta_rule", "fla.modules")
+    extra_limits = {"fla_padded": "plan padded batches (attention masks: varlen kernels); default True",
+                    "fla_continued_prefill": "plan prefills onto a cache holding a state; default False"}
 
     def find_layers(self, model) -> list:
         try:

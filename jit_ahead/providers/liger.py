@@ -118,6 +118,7 @@ class LigerProvider(Provider):
     name = "liger-kernel"
     library = "liger_kernel"
     modules = ("liger_kernel.ops",)
+    extra_limits = {"liger_losses": "plan cross entropy and fused linear cross entropy; default False"}
 
     def find_layers(self, model) -> list:
         classes = _row_wise_classes()
