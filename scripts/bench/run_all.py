@@ -85,6 +85,13 @@ def _section_text(folder: str, name: str) -> str | None:
     return "\n".join(lines[1:]).strip()
 
 
+def _rerun_heading(folder: str, name: str) -> str:
+    """A heading for a section rerun beside the run's own table: its file and the title it was written with."""
+    with open(os.path.join(folder, name)) as f:
+        title = f.readline().lstrip("# ").strip()
+    return f"### `{name}`: {title}\n\n"
+
+
 def cold_start_rows(report: dict) -> list[str]:
     rows = ["| model | arm | warmup end s | end s | end / warm | executor compiles warmup / serving | "
             "worst request s | worst / warm |", "|---|---|---|---|---|---|---|---|"]
@@ -140,7 +147,8 @@ def render(folder: str, out_md: str, tree: str | None, timings: dict | None) -> 
                         ("CPU politeness", "cpu_politeness")):
         # a section rerun on its own (e.g. another helper count) sits beside it as <stem>_<what>.md
         names = sorted(n for n in os.listdir(folder) if n.startswith(stem) and n.endswith(".md"))
-        texts = [text for text in (_section_text(folder, name) for name in names) if text]
+        texts = [_rerun_heading(folder, name) + text if name != f"{stem}.md" else text
+                 for name in names if (text := _section_text(folder, name))]
         if texts:
             lines += [f"## {title}", ""] + [part for text in texts for part in (text, "")]
     text = "\n".join(lines)
