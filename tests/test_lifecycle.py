@@ -9,6 +9,8 @@ import torch
 
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
+from jit_ahead.core.session import Session
+from jit_ahead.core.table import State
 from jit_ahead.providers import PlannedLaunch, Provider
 from jit_ahead.triton import capture
 
@@ -153,8 +155,6 @@ def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
 
     import psutil
 
-    from jit_ahead.core.table import State
-
     session = session_factory(workers=1)
     events = []
     session.stats.subscribe(events.append)
@@ -247,8 +247,6 @@ def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_
 def test_preload_at_session_start_from_the_environment(tmp_path, monkeypatch):
     import time
 
-    from jit_ahead.core.session import Session
-
     monkeypatch.setenv("JIT_AHEAD_TRITON_PRELOAD", "json, tests.kernels.basic")
     session = Session(triton={"workers": 1})
     events = []
@@ -264,9 +262,6 @@ def test_preload_at_session_start_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_warmup_can_start_once_planned_and_each_launch_then_gets_its_variant_built_once():
-    from jit_ahead.core.session import Session
-    from jit_ahead.core.table import State
-
     session = Session(triton={"workers": 1})  # not started yet: nothing is built until start()
     try:
         limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))

@@ -18,13 +18,14 @@ GatedDeltaNet model; random weights, no downloads), these arms, each a fresh pro
 An arm listed twice runs twice, a cold one from an empty cache each time (until 97ea84f only
 cold-jit-replay did). Each arm: construct the model on CUDA, warm up (decode at the CUDA-graph batch
 sizes, one full prefill), mark serving, then REQUESTS random requests (batch size, prompt length within
-the limits; prefill plus NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of prompts, each request's prompts
-have random lengths, padded on the left, with an attention mask at every step (fla then runs its varlen
-kernels). Triton's compilation listener counts compile() calls with cache_hit False
-(executor compiles) in warmup and in serving. Writes serving_loop.json and .md to --out, the whole
-stderr of an arm that failed, and with --stats-logs each jit_ahead arm's stats log (gzipped JSON lines:
-every build's helper, priority, start and finish). SERVING_LOOP_WAIT_ALL=1 makes the jit_ahead arms wait for all planning, not
-only WARMUP's, before warmup (a diagnosis: no planning left while the model runs).
+the limits; prefill plus NEW_TOKENS decode steps). ``--padded``: as ``generate`` serves a batch of
+prompts, each request's prompts have random lengths, padded on the left, with an attention mask at
+every step (fla then runs its varlen kernels). Triton's compilation listener counts compile() calls with
+cache_hit False (executor compiles) in warmup and in serving. Writes serving_loop.json and .md to
+--out, the whole stderr of an arm that failed, and with --stats-logs each jit_ahead arm's stats log
+(gzipped JSON lines: every build's helper, priority, start and finish). SERVING_LOOP_WAIT_ALL=1 makes the
+jit_ahead arms wait for all planning, not only WARMUP's, before warmup (a diagnosis: no planning left
+while the model runs).
 
     python scripts/gpu/serving_loop.py --out docs/gpu
 """
@@ -315,7 +316,7 @@ def main() -> int:
                     env["JIT_AHEAD_RECORD_DIR"] = records
                 repeat = f"_{index}" if arms.count(arm) > 1 else ""
                 stats_log = os.path.join(scratch, f"stats_{model}_{arm}{repeat}.jsonl")
-                if args.stats_logs and arm != "warm" and arm != "cold":
+                if args.stats_logs and arm not in ("warm", "cold"):
                     env["JIT_AHEAD_STATS"] = stats_log
                 t0 = time.perf_counter()
                 try:
