@@ -157,6 +157,17 @@ def test_a_miss_inside_an_autotuner_raises_the_other_configs_of_its_tuning_key(s
     assert table.get(other).priority is Priority.BACKGROUND and table.get(other).state is State.QUEUED
 
 
+def test_an_autotuned_launch_whose_configs_were_captured_before_still_names_them_as_its_group():
+    # two tuning keys of one argument specialization request the same three variants: the second launch
+    # finds them in the capture's in-memory cache and must still list them as the configs it benchmarks
+    with capture() as plan:
+        k.stored_tuning_kernel[(1,)](meta(6001), meta(6001), 6001)
+        first = plan.autotune_groups
+        k.stored_tuning_kernel[(1,)](meta(6003), meta(6003), 6003)
+    assert len(plan.requests) == 3 and len(first) == 1 and len(first[0]) == 3
+    assert plan.autotune_groups == first
+
+
 def test_a_wait_longer_than_the_timeout_falls_back_to_triton(session_factory, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     session = session_factory(workers=1, wait_timeout=0.3)

@@ -91,13 +91,20 @@ class RequestTable:
             self._push(ticket)
             self._cond.notify_all()
             return ticket, "new"
-        if priority >= ticket.priority:
+        if not self._raise_locked(ticket, priority):
             return ticket, None
+        self._cond.notify_all()
+        return ticket, "raised"
+
+    def _raise_locked(self, ticket: Ticket, priority: Priority) -> bool:
+        """Raise ``ticket`` to ``priority`` if that is higher; a queued one goes into the heap again
+        (its old entry is skipped when popped). Called with the lock held; True if it was raised."""
+        if priority >= ticket.priority:
+            return False
         ticket.priority = priority
         if ticket.state is State.QUEUED:
             self._push(ticket)
-            self._cond.notify_all()
-        return ticket, "raised"
+        return True
 
     def raise_queued(self, keys, priority: Priority) -> int:
         """Raise the queued tickets among ``keys`` to ``priority``, in the order given (a helper takes the
@@ -106,9 +113,7 @@ class RequestTable:
         with self._cond:
             for key in keys:
                 ticket = self._tickets.get(key)
-                if ticket is not None and ticket.state is State.QUEUED and priority < ticket.priority:
-                    ticket.priority = priority
-                    self._push(ticket)
+                if ticket is not None and ticket.state is State.QUEUED and self._raise_locked(ticket, priority):
                     raised += 1
             if raised:
                 self._cond.notify_all()

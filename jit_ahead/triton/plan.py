@@ -58,19 +58,25 @@ def request_from_hook(fn, compile: dict, env: dict[str, str] | None = None) -> T
 class _Recorded:
     """Fills a capture's private in-memory cache for a variant already recorded, so that enumerating
     thousands of shapes costs Triton's in-memory hit path (~12 us) per repeat, not the hook's ~150 us.
-    It accepts the launch and does nothing, like the capture itself."""
+    It accepts the launch and does nothing, like the capture itself, except name its variant to the
+    autotuned launch being captured: that launch's group holds its repeated configs too."""
 
     function = None
     packed_metadata = None
+
+    def __init__(self, predicted_hash: str) -> None:
+        self.predicted_hash = predicted_hash
 
     def launch_metadata(self, *args):
         return None
 
     def run(self, *args, **kwargs):
+        group = _autotune_group.get()
+        if group is not None:
+            group.append(self.predicted_hash)
         return None
 
 
-_RECORDED = _Recorded()
 # Each capture launches on its own device index, far above any real GPU's: Triton keys its in-memory cache
 # by device, so what a capture stores there is never seen by a real launch, and is dropped afterwards.
 _private_devices = itertools.count(1 << 20)
@@ -101,7 +107,7 @@ class Capture:
     def record(self, *, fn, compile: dict) -> None:
         request = request_from_hook(fn, compile, self._env)
         kernel = fn.jit_function
-        kernel.device_caches[compile["device"]][0][compile["key"]] = _RECORDED
+        kernel.device_caches[compile["device"]][0][compile["key"]] = _Recorded(request.predicted_hash)
         with self._lock:
             self._kernels.add(kernel)
             self.launches += 1
@@ -214,7 +220,7 @@ def _capturing_autotuner_run(self, *args, **kwargs):
             self.fn.run(*args, **kwargs, **config.all_kwargs())
     finally:
         _autotune_group.reset(token)
-    if len(configs) > 1:
+    if len(configs) > 1 and group:
         plan.add_autotune_group(group)
     if repeat is not None:
         plan.add_autotune(repeat)
