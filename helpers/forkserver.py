@@ -6,8 +6,8 @@ Preload) and forks ready helpers on request (Fork): each is ready in millisecond
 imported pages copy-on-write. The server's control socket carries framed messages both ways, each
 new helper's two pipe ends (SCM_RIGHTS), and Exited notices for the helpers this process reaps.
 
-The fork server keeps no threads of its own, so forking is safe; a helper starts with the same
-nice 19, hidden GPU and device view, and runs the same loop as a spawned one (``worker.serve``).
+The fork server keeps no threads of its own, so forking is safe; a helper starts with the same nice 19,
+hidden GPU and device view, and runs the same loop as a spawned one (``worker.serve``).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import time
 import traceback
 import warnings
 
+from jit_ahead.core import processes
 from jit_ahead.core.protocol import (Configure, Exited, Fork, Forked, Preload, Ready, Shutdown, read_message,
                                      write_message)
 from jit_ahead_helpers import worker
@@ -72,6 +73,7 @@ def _run_helper(control: _Control, inbox_fd: int, outbox_fd: int, builder, prepa
     """In the forked child: become an ordinary helper on the two pipes the pool made for it."""
     t0 = time.perf_counter()
     control.close()  # the fork server's channel is not the helper's business
+    processes.die_with_parent()  # the fork server is single-threaded: its one thread forked us
     worker.set_up_logging(force=True)
     worker.exit_with_parent(os.getppid())
     inbox = os.fdopen(inbox_fd, "rb", buffering=0)
@@ -111,8 +113,13 @@ def _fork(control: _Control, builder, prepared: dict) -> None:
 
 def main(argv: list[str]) -> int:
     worker.set_up_logging()
+    # An import can keep the loop below from checking its parent for seconds: the kernel ends the fork
+    # server when the pool's spawner thread (or the whole server) ends, and its helpers with it.
+    processes.die_with_parent()
     worker.lower_priority()
     parent = os.getppid()
+    if parent == 1:
+        return 0  # the server ended before the signal was armed
     control = _Control(int(argv[1]))
     config = control.receive()
     if not isinstance(config, Configure):
@@ -140,4 +147,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # No interpreter teardown (a second or more with torch and a kernel library imported): a helper has
+    # nothing to flush but its stderr, and the pool is waiting for it to go.
+    status = main(sys.argv)
+    sys.stderr.flush()
+    os._exit(status)

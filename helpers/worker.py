@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 
-from jit_ahead.core import device_view
+from jit_ahead.core import device_view, processes
 from jit_ahead.core.helper_env import is_scrubbed
 from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
@@ -24,10 +24,7 @@ log = logging.getLogger("jit_ahead.helper")
 
 
 def lower_priority() -> None:
-    try:
-        os.nice(19 - os.nice(0))
-    except OSError as exc:
-        log.warning("could not lower this helper's priority to nice 19: %s", exc)
+    processes.lower_priority(19)
 
 
 def exit_with_parent(parent: int) -> None:
@@ -80,6 +77,7 @@ def configure(config: Configure):
     """Take on the server's import path and GPU view, import the family's builder and warm it up.
     Returns the builder module and what Ready reports."""
     sys.path[:] = list(config.sys_path)
+    processes.compilers_die_with_this_process()  # a killed helper leaves no ptxas or gcc behind
     if config.device_view is not None:  # before any kernel library is imported: they read it at import
         device_view.install(config.device_view)
     builder = importlib.import_module(config.builder)
@@ -105,6 +103,7 @@ def serve(inbox, outbox, builder) -> int:
 
 def main(argv: list[str]) -> int:
     set_up_logging()
+    processes.die_with_parent()  # started by the pool's spawner thread, which outlives it
     lower_priority()
     exit_with_parent(os.getppid())
     inbox = os.fdopen(int(argv[1]), "rb", buffering=0)
@@ -120,4 +119,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # No interpreter teardown (a second or more with torch and a kernel library imported): a helper has
+    # nothing to flush but its stderr, and the pool is waiting for it to go.
+    status = main(sys.argv)
+    sys.stderr.flush()
+    os._exit(status)

@@ -18,9 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def triton_cache(tmp_path, monkeypatch):
-    """Each test gets an empty Triton cache and kernels with empty in-memory caches."""
+    """Each test gets an empty Triton cache, no saved plans and kernels with empty in-memory caches."""
     cache = tmp_path / "triton-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(tmp_path / "plans"))
     ensure_driver()
     for value in vars(basic).values():
         jit_fn = getattr(value, "fn", None) if not hasattr(value, "device_caches") else value

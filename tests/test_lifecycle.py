@@ -11,64 +11,12 @@ from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.session import Session
 from jit_ahead.core.table import State
-from jit_ahead.providers import PlannedLaunch, Provider
+from jit_ahead.providers import PlannedLaunch
 from jit_ahead.triton import capture
 
 from .conftest import import_probe
 from .kernels import basic as k
-
-
-class ScaleLayer(torch.nn.Module):
-    """A layer whose forward launches tests.kernels.scale_kernel over its tokens."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.hidden = hidden
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.numel()
-        block = 1024 if self.hidden >= 1024 else 256
-        k.scale_kernel[(triton_cdiv(n, block),)](x, x, n, 0.5, BLOCK=block)
-        return x
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-class ScaleProvider(Provider):
-    """A provider for ScaleLayer: every token count up to max_num_tokens, CUDA-graph sizes first."""
-
-    name = "test-scale"
-    library = "tests"
-
-    def __init__(self, gate: threading.Event | None = None) -> None:
-        self.gate = gate
-
-    def find_layers(self, model):
-        if self.gate is not None:
-            self.gate.wait(30)  # stands in for a slow model walk: plan_model must not block on it
-        return [m for m in model.modules() if isinstance(m, ScaleLayer)]
-
-    def launches(self, layers, limits):
-        for layer in {layer.hidden: layer for layer in layers}.values():
-            for dtype in limits.torch_dtypes():
-                for tokens in range(1, limits.max_num_tokens + 1):
-                    x = torch.empty(tokens, layer.hidden, device="meta", dtype=dtype)
-                    warm = tokens in limits.cuda_graph_batch_sizes
-                    yield PlannedLaunch(Priority.WARMUP if warm else Priority.BACKGROUND,
-                                        lambda layer=layer, x=x: layer(x), f"{layer.hidden}x{tokens}")
-
-
-class BrokenProvider(ScaleProvider):
-    name = "test-broken"
-
-    def launches(self, layers, limits):
-        raise RuntimeError("this library changed its API")
-
-
-def model():
-    return torch.nn.Sequential(ScaleLayer(1024), ScaleLayer(1000), ScaleLayer(1024))
+from .layers import BrokenProvider, FileGate, ScaleLayer, ScaleProvider, model
 
 
 class SlowBackgroundProvider(ScaleProvider):
@@ -89,10 +37,10 @@ class SlowBackgroundProvider(ScaleProvider):
         return [m for m in model.modules() if isinstance(m, ScaleLayer)]
 
 
-def test_waiting_for_warmup_does_not_wait_for_the_background_enumeration(session_factory):
+def test_waiting_for_warmup_does_not_wait_for_the_background_enumeration(session_factory, tmp_path):
     session = session_factory(workers=1)
     limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
-    gate = threading.Event()
+    gate = FileGate(tmp_path / "gate")
     run = session.plan_model(model(), limits, [SlowBackgroundProvider(gate)])
     try:
         assert session.wait_ready(timeout=300)  # WARMUP: planned and built while BACKGROUND is blocked
@@ -214,9 +162,13 @@ class AbsentProvider(ScaleProvider):
         return []
 
 
-def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_factory, tmp_path, monkeypatch):
-    # A library module that records which processes imported it: the helper's import must happen
-    # once the provider found its layers, while it still enumerates (planning has queued nothing yet).
+def test_helpers_start_with_the_first_request_and_import_its_library_once(session_factory, tmp_path, monkeypatch):
+    # A library module that records which processes imported it. No helper process (nor the fork server)
+    # starts while the provider still enumerates and nothing is queued; the first request starts the fork
+    # server, which imports the provider's library once for every helper forked from it. A library the
+    # model does not use is never imported there.
+    import time
+
     probe, marker = import_probe(tmp_path, monkeypatch)
     monkeypatch.setattr(PreloadingProvider, "modules", (probe,))
     session = session_factory(workers=1)
@@ -225,36 +177,32 @@ def test_helpers_import_kernel_libraries_before_planning_finds_anything(session_
     gate = threading.Event()
     run = session.plan_model(model(), EngineLimits(max_num_tokens=4), [AbsentProvider(), PreloadingProvider(gate)])
     try:
-        import time
-
-        deadline = time.monotonic() + 120
-        while not any(e["event"] == "forkserver_preloaded" for e in events) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not run.done and not run.tickets  # nothing planned yet
-        # One import, in the fork server; helpers are forked from it afterwards and share it.
-        (forkserver,) = [e["pid"] for e in events if e["event"] == "forkserver_ready"]
-        assert marker.read_text().split() == [str(forkserver)]
-        assert "tests_absent_library" not in session.triton.pool._preload
-        while not session.triton.pool.helper_pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (helper_pid,) = session.triton.pool.helper_pids().values()
-        assert psutil.Process(helper_pid).ppid() == forkserver
+        time.sleep(2.0)  # planning is held by the gate: nothing is queued
+        assert not run.done and not run.tickets
+        assert not psutil.Process().children(recursive=True)
+        assert not [e for e in events if e["event"].endswith("_ready")]
     finally:
         gate.set()
-    assert session.wait_ready(timeout=300)
+    assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
+    (forkserver,) = [e["pid"] for e in events if e["event"] == "forkserver_ready"]
+    assert marker.read_text().split() == [str(forkserver)]
+    assert "tests_absent_library" not in session.triton.pool._preload
+    helpers = [e for e in events if e["event"] == "helper_ready"]
+    assert helpers and all(e["info"]["forked_from"] == forkserver for e in helpers)
 
 
-def test_preload_at_session_start_from_the_environment(tmp_path, monkeypatch):
-    import time
-
+def test_preload_from_the_environment_comes_before_the_first_build(tmp_path, monkeypatch):
     monkeypatch.setenv("JIT_AHEAD_TRITON_PRELOAD", "json, tests.kernels.basic")
     session = Session(triton={"workers": 1})
     events = []
     session.stats.subscribe(events.append)
-    with session:  # starts the helpers; no plan, no request
-        deadline = time.monotonic() + 120
-        while not any(e["event"] == "helper_ready" for e in events) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with session:  # no plan, no request: no process is started
+        assert not session.triton.pool.table.has_queued()
+        x = torch.empty(64, device="meta")
+        with capture() as plan:
+            k.scale_kernel[(1,)](x, x, 64, 0.5, BLOCK=64)
+        (ticket,) = session.triton.submit(plan, Priority.BACKGROUND)
+        assert ticket.wait(120) is State.DONE
     # The fork server imported them before it forked the helper.
     (event,) = [e for e in events if e["event"] == "forkserver_preloaded"]
     assert event["modules"] == 2 and event["failed"] == []

@@ -185,6 +185,7 @@ def test_a_helper_that_cannot_start_is_reported(triton_cache, pools, caplog):
     pool = make_pool(triton_cache, python="/bin/false", backoff_initial=0.01, max_start_failures=2,
                      start_timeout=5)
     pools.append(pool)
+    pool.submit(add_requests([256])[0].build_request(), Priority.BACKGROUND)  # helpers start for queued work
     pool.start()
     deadline = time.monotonic() + 30
     while pool.may_get_helpers() and time.monotonic() < deadline:
@@ -208,15 +209,19 @@ def test_forked_helpers_share_one_import_of_the_preloaded_modules(triton_cache, 
     ready = [e for e in pool.events if e["event"] == "helper_ready"]
     assert len(ready) >= 2 and all(e["info"]["forked_from"] == server["pid"] for e in ready)
     assert {t.result.builder for t in tickets} <= {"helper-0", "helper-1"}
-    # A module preloaded later is imported by the fork server, and idle helpers are replaced by fresh forks.
-    before = len(ready)
-    pool.preload(["json"])
-    deadline = time.monotonic() + 60
-    while sum(e["event"] == "helper_ready" for e in pool.events) < before + 2 and time.monotonic() < deadline:
+    # Helpers with nothing left to build exit; a module preloaded later is imported by the fork server
+    # before the next helper is forked from it.
+    deadline = time.monotonic() + 30
+    while pool.live_helpers() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert pool.live_helpers() == 0
+    pool.preload(["json"])
+    (later,) = add_requests([256])
+    assert pool.submit(later.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
     # The probe, then the kernels' own module (named by the first jobs, imported once), then json.
     assert [e["modules"] for e in pool.events if e["event"] == "forkserver_preloaded"] == [1, 1, 1]
     assert not any(e["event"] == "helper_preloaded" for e in pool.events)
+    assert [e["pid"] for e in pool.events if e["event"] == "forkserver_ready"] == [server["pid"]]
     pids = [*pool.helper_pids().values(), server["pid"]]
     pool.close()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)

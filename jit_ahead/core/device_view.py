@@ -74,11 +74,13 @@ class DeviceView:
         return cls(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
                    torch_properties, triton_target, triton_properties, torch.cuda.device_count())
 
-    def install_torch(self) -> None:
-        """Make torch's device queries answer with this view (only where torch has no GPU of its own)."""
+    def install_torch(self, force: bool = False) -> None:
+        """Make torch's device queries answer with this view: only where torch has no GPU of its own, or
+        with ``force`` in a process forked from the server, which must not touch the GPU the server holds
+        (CUDA cannot be used again in a fork)."""
         import torch
 
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and not force:
             return
         props = types.SimpleNamespace(**self.torch_properties)
         cuda = torch.cuda
@@ -86,9 +88,13 @@ class DeviceView:
         cuda.get_device_capability = lambda device=None: tuple(self.capability)
         cuda.get_device_properties = lambda device=None: props
         cuda.device_count = lambda: self.device_count
+        if force:
+            cuda.is_available = lambda: True
+            cuda.current_device = lambda: 0
 
 
 _installed: DeviceView | None = None
+_pinned: DeviceView | None = None
 
 
 def install(view: DeviceView) -> None:
@@ -97,10 +103,18 @@ def install(view: DeviceView) -> None:
     _installed = view
 
 
+def pin(view: DeviceView) -> None:
+    """In a process forked from the server (a planner): ``view`` is the GPU, whatever torch finds."""
+    global _pinned
+    view.install_torch(force=True)
+    _pinned = view
+
+
 def installed() -> DeviceView | None:
     return _installed
 
 
 def current() -> DeviceView:
-    """The view helpers must see: the live GPU's, else the installed one, else the sm_90 default."""
-    return DeviceView.capture() or _installed or DeviceView.h200()
+    """The view helpers must see: a pinned one, else the live GPU's, else the installed one, else the sm_90
+    default."""
+    return _pinned or DeviceView.capture() or _installed or DeviceView.h200()

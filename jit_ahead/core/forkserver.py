@@ -19,6 +19,7 @@ import time
 import psutil
 
 from .helper_env import start_helper_process
+from .processes import Spawner, end_tree
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
 
@@ -79,7 +80,9 @@ def _pid_running(pid: int) -> bool:
 class ForkServer:
     """Start with ``start()``; ``preload()`` and ``fork()`` may be called from any slot thread."""
 
-    def __init__(self, *, python: str, env: dict[str, str], start_timeout: float, build_timeout: float) -> None:
+    def __init__(self, *, python: str, env: dict[str, str], start_timeout: float, build_timeout: float,
+                 spawner: Spawner | None = None) -> None:
+        self._spawner = spawner or Spawner("jit_ahead-forkserver-spawner")
         self._python = python
         self._env = env
         self._start_timeout = start_timeout
@@ -106,7 +109,8 @@ class ForkServer:
     def start(self, config: Configure) -> Ready:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = start_helper_process(self._python, FORKSERVER_ENTRY, (theirs.fileno(),), self._env)
+            self._proc = self._spawner.run(start_helper_process, self._python, FORKSERVER_ENTRY, (theirs.fileno(),),
+                                           self._env)
         except OSError as exc:
             ours.close()
             raise ForkServerGone(f"could not be started ({exc})") from exc
@@ -171,7 +175,7 @@ class ForkServer:
             try:
                 self._proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
+                end_tree(self._proc.pid)  # with any helper of its still running
                 self._proc.wait()
         self._gone.set()
         for part in (self._outbox, self._sock):

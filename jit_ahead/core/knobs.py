@@ -71,6 +71,13 @@ def worker_count(knob: str) -> int:
     return env_int(knob, default_worker_count(), minimum=0)
 
 
+def planner_count() -> int:
+    """JIT_AHEAD_PLANNERS: planner processes forked from the server to enumerate a model's launches
+    (default: the CPUs per local rank, minus one for the rank's own work); ``0`` enumerates in a thread
+    of the server instead, which stops once serving starts."""
+    return env_int("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0)
+
+
 def serving_worker_count() -> int:
     """JIT_AHEAD_SERVING_WORKERS: helpers per family that keep building once serving has started (the
     others exit after their current build). Default: half the CPUs per local rank, minus one for the

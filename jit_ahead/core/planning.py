@@ -1,41 +1,72 @@
-"""Planning a model in the background: providers' launches run in captures, requests go to the pools.
+"""Planning a model in the background: find its layers, enumerate their launches, queue what they need.
 
-Started at model construction, it overlaps weight loading; what warmup and CUDA-graph capture need is
-captured and queued first (WARMUP), the rest of the reachable space after it (BACKGROUND). A provider
-that fails is reported in one log line and skipped; planning never raises into the engine.
+Started at model construction, it overlaps weight loading. In the planning thread each provider finds
+its layers (one probe forward on meta) and lists its launches, WARMUP first; the launches then run in
+planner processes forked from the server (``planners.py``), so that the enumeration, thousands of meta
+forwards, never holds the server's GIL and uses every spare CPU; what they capture is queued to the
+families' pools as it arrives. With ``planners=0`` (or where the server cannot fork) the launches run
+in the planning thread, and stop once serving starts. A provider that fails is reported in one log
+line and skipped; planning never raises into the engine.
 """
 from __future__ import annotations
 
 import difflib
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
+
+from filelock import FileLock, Timeout
 
 from .limits import EngineLimits
+from .plan_cache import PlanStore, SavedPlan, plan_key
+from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, run_in_thread
 from .priority import Priority
 
 log = logging.getLogger("jit_ahead.planning")
 
-SUBMIT_EVERY_S = 1.0
 
-
-class PlanningRun:
-    def __init__(self, families: dict, stats, model, limits: EngineLimits, providers: list) -> None:
+class PlanningRun(Sink):
+    def __init__(self, families: dict, stats, model, limits: EngineLimits, providers: list, *,
+                 planners: int = 0, enter_planner: Callable[[], None] | None = None,
+                 store: PlanStore | None = None, view=None, lock_timeout: float = 120.0) -> None:
+        """``planners``: planner processes to fork (0: launches run in the planning thread);
+        ``enter_planner`` runs first in each planner (the server's device view, its families' set-up);
+        ``store``: saved plans, read instead of planning and written after (``view``: the device view the
+        key names); ``lock_timeout``: how long to wait for another process planning the same key."""
         self._families = families
         self._stats = stats
         self._model = model
         self._limits = limits
         self._providers = providers
+        self._planners = planners
+        self._enter_planner = enter_planner or (lambda: None)
         self._done = threading.Event()
+        self._cancelled = threading.Event()
         # set once every launch of that priority and above is captured and queued: an engine's warmup
-        # waits for WARMUP, not for the BACKGROUND enumeration (minutes for large limits)
+        # waits for WARMUP, not for the BACKGROUND enumeration
         self._queued = {priority: threading.Event() for priority in Priority}
         self.tickets: list = []
         self.variants: dict[Priority, int] = defaultdict(int)  # distinct variants, by the first priority
-        self._seen: set = set()  # requests already counted and queued by this run
+        self._seen: dict = {}  # request -> (the highest priority this run queued it at, its family)
+        self._ticket_ids: set[int] = set()
         self.errors: list[str] = []
+        self._failed: set[tuple[str, str]] = set()
+        self.launches = 0  # launches listed by the providers
+        self.launches_lost = 0  # launches that will not run (serving started before they could)
         self.seconds = 0.0
+        self._groups: list[LaunchGroup] = []
+        self._group_variants: dict[int, int] = defaultdict(int)
+        self._group_queued: dict[int, int] = defaultdict(int)
+        self._enumeration_started = 0.0
+        self._planners_running: ForkedPlanners | None = None
+        self._store = store
+        self._view = view
+        self._lock_timeout = lock_timeout
+        self._result = SavedPlan()  # what this run found, to be saved
+        self.saved_plan: str | None = None  # the saved plan read instead of planning, or the one written
         self._thread = threading.Thread(target=self._run, name="jit_ahead-planning", daemon=True)
 
     def start(self) -> "PlanningRun":
@@ -50,6 +81,24 @@ class PlanningRun:
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def requests(self) -> list:
+        """Every variant this run planned (or read from its saved plan), on disk or not."""
+        return list(self._seen)
+
+    def cancel(self, timeout: float = 1.0) -> None:
+        """Stop planning (the process is closing): planners are killed, the planning thread stops before
+        its next launch; waits up to ``timeout`` seconds for it."""
+        self._cancelled.set()
+        planners = self._planners_running
+        if planners is not None:
+            planners.kill()  # now, from this thread: the planning thread sees their pipes close
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _serving(self) -> bool:
+        return self._stats.phase == "serving"
 
     def _fail(self, provider, what: str, exc: BaseException) -> None:
         message = f"provider {provider.name}: {what} failed ({type(exc).__name__}: {exc}); skipped"
@@ -71,33 +120,156 @@ class PlanningRun:
 
     def _run(self) -> None:
         t0 = time.perf_counter()
+        lock = None
         try:
             self._check_extra_limits()
-            groups: dict[tuple[Priority, str], list] = defaultdict(list)
-            for provider in self._providers:
-                try:
-                    layers = provider.find_layers(self._model)
-                    family = self._families.get(provider.family)
-                    if layers and family is not None and provider.modules:
-                        # Helpers import the library while its launches are enumerated; a library the
-                        # model does not use is never imported there.
-                        family.pool.preload(provider.modules)
-                    launches = list(provider.launches(layers, self._limits)) if layers else []
-                except Exception as exc:
-                    self._fail(provider, "enumeration", exc)
-                    continue
-                for launch in launches:
-                    groups[(launch.priority, provider.family)].append((provider, launch))
-            for (priority, family_name), items in sorted(groups.items(), key=lambda kv: kv[0][0]):
-                self._mark_queued(above=priority)
-                self._capture_and_queue(self._families[family_name], priority, items)
+            parts = self._key()
+            if parts is not None:
+                lock = self._lock(parts)
+                saved = self._store.load(parts, self._families)
+                if saved is not None:
+                    self._use(saved, parts)
+                    return
+                why = self._store.closest(parts)
+                log.info("planning %s: no saved plan%s", type(self._model).__name__,
+                         f" (the closest saved one differs in {why})" if why else "")
+            self._groups = self._list_launches()
+            self.launches = sum(len(g.items) for g in self._groups)
+            if self._groups and not self._cancelled.is_set():
+                self._enumerate()
+            if parts is not None and self._complete():
+                self._save(parts, time.perf_counter() - t0)
         except Exception as exc:  # a bug guard: planning must never take the engine down
             log.exception("planning stopped early")
             self.errors.append(f"planning stopped: {exc!r}")
         finally:
+            if lock is not None:
+                lock.release()
             self.seconds = time.perf_counter() - t0
             self._mark_queued(above=None)
             self._done.set()
+
+    # -- saved plans ----------------------------------------------------------------------------------------
+    def _key(self) -> dict | None:
+        if self._store is None or not self._store.usable:
+            return None
+        try:
+            return plan_key(self._model, self._limits, self._providers, self._families, self._view)
+        except Exception as exc:  # the key is an optimisation: plan as without a store
+            log.warning("planning: no saved plan can be used for %s (its key: %s: %s)", type(self._model).__name__,
+                        type(exc).__name__, exc)
+            return None
+
+    def _lock(self, parts: dict):
+        """Hold the key's lock while planning: another process planning the same model (a rank of the
+        same node) finishes first, and this one then reads its plan."""
+        lock = FileLock(str(self._store.lock_path(parts)))
+        try:
+            lock.acquire(timeout=self._lock_timeout)
+            return lock
+        except Timeout:
+            log.warning("planning: another process has held %s for %.0fs; planning here too",
+                        self._store.lock_path(parts), self._lock_timeout)
+            return None
+
+    def _complete(self) -> bool:
+        return not self._cancelled.is_set() and self.launches_lost == 0 and not any(
+            e.startswith("planning stopped") for e in self.errors)
+
+    def _save(self, parts: dict, seconds: float) -> None:
+        self._result.launches, self._result.seconds, self._result.errors = self.launches, seconds, list(self.errors)
+        for request, (priority, family) in self._seen.items():
+            self._result.requests.setdefault(family, []).append((priority, request))
+        path = self._store.save(parts, self._result, self._families)
+        if path is not None:
+            self.saved_plan = str(path)
+            self._stats.emit("plan_saved", path=str(path), launches=self.launches,
+                             variants=sum(self.variants.values()), seconds=seconds)
+
+    def _use(self, saved: SavedPlan, parts: dict) -> None:
+        """Queue a saved plan as planning would have: by priority, what is not on disk yet."""
+        self.saved_plan = str(self._store.path(parts))
+        self.launches = saved.launches
+        queued = 0
+        for name, entries in saved.requests.items():
+            family = self._families[name]
+            family.note_groups(saved.groups.get(name, []))
+            for priority in sorted({p for p, _ in entries}):
+                requests = [r for p, r in entries if p == priority]
+                self._seen.update((r, (priority, name)) for r in requests)
+                self.variants[priority] += len(requests)
+                tickets = family.submit(requests, priority)
+                queued += len(tickets)
+                self.tickets.extend(tickets)
+                self._mark_queued(above=priority)
+        self._stats.emit("plan_loaded", path=self.saved_plan, launches=saved.launches,
+                         variants=sum(self.variants.values()), queued=queued, planned_seconds=saved.seconds)
+        log.info("planning %s: saved plan %s (%d variants, %d of them not built yet; planning it took %.1fs)",
+                 type(self._model).__name__, self.saved_plan, sum(self.variants.values()), queued, saved.seconds)
+        if saved.errors:
+            log.warning("planning %s: the saved plan was made with %d provider errors; the first: %s",
+                        type(self._model).__name__, len(saved.errors), saved.errors[0])
+
+    def _list_launches(self) -> list[LaunchGroup]:
+        """Each provider finds its layers and lists its launches; grouped by (priority, family), WARMUP
+        first."""
+        groups: dict[tuple[Priority, str], list] = defaultdict(list)
+        for provider in self._providers:
+            if self._cancelled.is_set():
+                break
+            try:
+                layers = provider.find_layers(self._model)
+                family = self._families.get(provider.family)
+                if layers and family is not None and provider.modules:
+                    # Helpers import the library while its launches are enumerated; a library the
+                    # model does not use is never imported there.
+                    family.pool.preload(provider.modules)
+                launches = list(provider.launches(layers, self._limits)) if layers else []
+            except Exception as exc:
+                self._fail(provider, "enumeration", exc)
+                continue
+            if family is None:
+                continue
+            for launch in launches:
+                groups[(launch.priority, provider.family)].append((provider, launch))
+        return [LaunchGroup(priority, family, items)
+                for (priority, family), items in sorted(groups.items(), key=lambda kv: kv[0][0])]
+
+    def _enumerate(self) -> None:
+        self._enumeration_started = time.perf_counter()
+        stop = lambda: self._cancelled.is_set() or self._serving()  # noqa: E731
+        if self._planners > 0 and hasattr(os, "fork"):
+            try:
+                self._run_planners(self._planners, Position(0, 0))
+                return
+            except OSError as exc:
+                log.warning("planners could not be forked (%s); the launches run in the planning thread", exc)
+        stopped = run_in_thread(self._groups, self._families, self, Position(0, 0), stop)
+        if stopped is None or self._cancelled.is_set():
+            return
+        # Serving started: the server's threads are the engine's now; the rest runs in a planner.
+        if self._planners > 0 and hasattr(os, "fork"):
+            try:
+                self._run_planners(1, stopped)
+                return
+            except OSError as exc:
+                log.warning("a planner could not be forked (%s)", exc)
+        rest = sum(len(g.items) for g in self._groups[stopped.group + 1:]) + len(
+            self._groups[stopped.group].items) - stopped.item
+        self.lost(stopped.group, rest, "serving started first and JIT_AHEAD_PLANNERS=0 keeps planning in the "
+                                       "server's threads, which belong to the engine once it serves")
+        for group in range(stopped.group, len(self._groups)):
+            self.group_done(group)
+
+    def _run_planners(self, count: int, start: Position) -> None:
+        planners = ForkedPlanners(self._groups, self._families, self, count, self._enter_planner, start=start)
+        self._planners_running = planners
+        if self._cancelled.is_set():  # cancelled before it could be killed from outside
+            return
+        try:
+            planners.run(self._cancelled, self._serving)
+        finally:
+            self._planners_running = None
 
     def _mark_queued(self, above: Priority | None) -> None:
         """Every priority higher than ``above`` (all: None) has been captured and queued."""
@@ -105,30 +277,54 @@ class PlanningRun:
             if above is None or priority < above:
                 event.set()
 
-    def _capture_and_queue(self, family, priority: Priority, items: list) -> None:
-        """Capture ``items`` and queue what they need, in slices of SUBMIT_EVERY_S seconds: helpers start
-        on the first variants while a long enumeration is still running."""
-        t0 = time.perf_counter()
-        failed: set[tuple[str, str]] = set()
-        queued = submitted = 0
-        with family.capture() as plan:
-            last_submit = time.perf_counter()
-            for index, (provider, launch) in enumerate(items):
-                try:
-                    launch.run()
-                except Exception as exc:
-                    if (provider.name, type(exc).__name__) not in failed:  # one line per provider and error
-                        failed.add((provider.name, type(exc).__name__))
-                        self._fail(provider, f"launch {launch.label}", exc)
-                if index == len(items) - 1 or time.perf_counter() - last_submit > SUBMIT_EVERY_S:
-                    fresh = plan.requests[submitted:]  # captures keep requests in first-seen order
-                    submitted += len(fresh)
-                    new = [r for r in fresh if r not in self._seen]  # a WARMUP variant recurs in BACKGROUND
-                    self._seen.update(new)
-                    self.variants[priority] += len(new)
-                    tickets = family.submit(new, priority)
-                    queued += len(tickets)
-                    self.tickets.extend(tickets)
-                    last_submit = time.perf_counter()
-        self._stats.emit("planned", family=family.name, priority=priority.name, launches=len(items),
-                         variants=len(plan), queued=queued, seconds=time.perf_counter() - t0)
+    # -- the sink: what planners report, handled on the planning thread --------------------------------------
+    def found(self, group: int, requests: list, autotune_groups: list) -> None:
+        launch_group = self._groups[group]
+        family = self._families[launch_group.family]
+        if autotune_groups:
+            family.note_groups(autotune_groups)
+        priority = launch_group.priority
+        # New variants, and variants another planner found first for a later priority (planners run the
+        # groups side by side): those are raised, and counted where they are needed first.
+        fresh = [r for r in requests if self._seen.get(r, (Priority.SPARE + 1,))[0] > priority]
+        for request in fresh:
+            before = self._seen.get(request)
+            if before is not None:
+                self.variants[before[0]] -= 1
+            self._seen[request] = (priority, launch_group.family)
+        self.variants[priority] += len(fresh)
+        self._group_variants[group] += len(fresh)
+        if autotune_groups:
+            self._result.groups.setdefault(launch_group.family, []).extend(autotune_groups)
+        if fresh:
+            tickets = family.submit(fresh, priority)
+            self._group_queued[group] += len(tickets)
+            for ticket in tickets:
+                if id(ticket) not in self._ticket_ids:
+                    self._ticket_ids.add(id(ticket))
+                    self.tickets.append(ticket)
+
+    def group_done(self, group: int) -> None:
+        launch_group = self._groups[group]
+        self._stats.emit("planned", family=launch_group.family, priority=launch_group.priority.name,
+                         launches=len(launch_group.items), variants=self._group_variants[group],
+                         queued=self._group_queued[group], seconds=time.perf_counter() - self._enumeration_started)
+        following = self._groups[group + 1].priority if group + 1 < len(self._groups) else None
+        if following != launch_group.priority:
+            self._mark_queued(above=following)
+
+    def failed(self, failure: Failure) -> None:
+        if (failure.provider, failure.error) in self._failed:  # one line per provider and error
+            return
+        self._failed.add((failure.provider, failure.error))
+        message = (f"provider {failure.provider}: launch {failure.launch} failed ({failure.error}: "
+                   f"{failure.message}); skipped")
+        self.errors.append(message)
+        log.warning(message)
+
+    def lost(self, group: int, count: int, why: str) -> None:
+        self.launches_lost += count
+        where = self._groups[group]
+        message = f"{count} launches from {where.family} {where.priority.name} on are not planned: {why}"
+        self.errors.append(message)
+        log.warning("planning: %s", message)

@@ -9,6 +9,7 @@ the family names a builder module that helpers import, and its requests carry op
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import logging
 import os
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from .device_view import DeviceView
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import helper_environment, start_helper_process
+from .processes import Spawner, end_tree
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
                        write_message)
@@ -57,9 +59,21 @@ class Ewma:
         self.samples += 1
 
 
-# What a slot's time with one helper ended in: the slot restarts at once after REFRESH (a fresh fork that
-# has the newly preloaded modules), after a backoff otherwise.
-BUILT, IDLE, REFRESH = "built", "idle", "refresh"
+class Stint(enum.Enum):
+    """How a slot's time with one helper ended."""
+
+    WORKED = "worked"  # it built, then had nothing left: the slot waits for work, then starts a fresh one
+    IDLE = "idle"  # nothing was queued for it (or serving needs fewer helpers): no backoff either
+    REFRESH = "refresh"  # a fresh fork that has the newly preloaded modules takes its place at once
+    DIED = "died"  # it died (building, importing or idle): the next start comes after a backoff
+
+
+# A helper with nothing to take for this long exits (it holds host memory); planning queues its finds at
+# shorter intervals, so a helper does not exit between two of them.
+HELPER_IDLE_S = 0.5
+# The fork server exits once no helper has run for this long (it holds the imported libraries); the next
+# build starts a new one.
+FORKSERVER_IDLE_S = 30.0
 
 
 class _Helper:
@@ -98,13 +112,16 @@ class _Helper:
         return describe_exit(self.proc)
 
     def wait_or_kill(self, timeout: float) -> None:
-        """Wait for the process to exit; kill it after ``timeout`` (a half-built entry is never published:
-        Triton writes each cache entry atomically)."""
+        """Wait for the process to exit; kill it with the compiler it may be running after ``timeout`` (a
+        half-built entry is never published: Triton writes each cache entry atomically)."""
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            end_tree(self.proc.pid)
+            try:
+                self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                log.warning("helper %s (pid %d) did not exit after SIGKILL", self.name, self.proc.pid)
 
     def stop(self, grace: float) -> None:
         if self.proc.poll() is None:
@@ -167,6 +184,8 @@ class HelperPool:
         self._forkserver_preloaded = 0  # how many of self._preload the fork server has imported
         self._forkserver_deaths = 0
         self._max_forkserver_deaths = 3  # then every helper is spawned
+        self._spawner = Spawner(f"jit_ahead-{family.name}-spawner")  # starts every process of this pool
+        self._last_busy = time.monotonic()  # when a helper last ran (the fork server's idle clock)
 
     @classmethod
     def from_knobs(cls, family: FamilySpec, stats: Stats, *, workers: int | None, env_overrides: dict[str, str],
@@ -208,9 +227,11 @@ class HelperPool:
         deadline = time.monotonic() + grace  # one deadline for all, not ``grace`` per helper
         for helper in helpers:
             helper.wait_or_kill(max(0.0, deadline - time.monotonic()))
+        # before joining the slots: one may be waiting on the fork server (an import), which this ends
+        self._close_forkserver(max(0.0, deadline - time.monotonic()), forever=True)
         for thread in self._threads:
             thread.join(timeout=grace + 1)
-        self._close_forkserver(max(0.0, deadline - time.monotonic()))
+        self._spawner.close()
 
     def retire_when_idle(self) -> None:
         """Serving has started: helpers beyond ``serving_workers`` exit after their current build, the
@@ -311,13 +332,25 @@ class HelperPool:
                 self._slots_running -= 1
                 last = self._slots_running == 0
             if last:  # no helper will be forked again: give its memory back
-                self._close_forkserver(5.0)
+                self._close_forkserver(0.0 if self._closed.is_set() else 5.0, forever=True)
             self.table.notify()  # launches waiting on queued work re-decide: this slot is gone
+
+    def _wait_for_work(self, slot: int) -> bool:
+        """Block until something is queued (no helper is started for nothing); False once the pool is
+        closed, or serving needs this slot no more."""
+        while not self._closed.is_set():
+            if self._retire.is_set() and slot >= self.serving_workers:
+                return False
+            if self.table.has_queued():
+                return True
+            self._close_idle_forkserver()
+            self.table.wait_queued(0.5)
+        return False
 
     def _run_slot(self, slot: int) -> None:
         backoff = self._backoff_initial
         failures = 0
-        while not self._closed.is_set():
+        while self._wait_for_work(slot):
             with self._lock:
                 self._starting += 1
             helper = None
@@ -334,34 +367,36 @@ class HelperPool:
                     log.error("%s helper slot %d: %d starts failed in a row; running with one helper fewer, "
                               "misses build in place", self.family.name, slot, failures)
                     break
+                outcome = Stint.DIED
             else:
                 failures = 0
-                outcome = IDLE
+                outcome = Stint.DIED
                 try:
                     outcome = self._serve(helper, slot)
-                    if outcome != IDLE:
-                        backoff = self._backoff_initial
                 finally:
                     with self._lock:
                         self._helpers.pop(slot, None)
+                        self._last_busy = time.monotonic()
                     helper.stop(5.0)
-                if self._retire.is_set() and helper.proc.returncode == 0:
+                if outcome is not Stint.DIED and self._retire.is_set():
                     self.stats.emit("helper_retired", family=self.family.name, helper=helper.name)
-                    break
-                if outcome == REFRESH:
-                    continue
             self.table.notify()  # launches waiting on queued work re-decide: a helper went away
-            if self._closed.wait(backoff):
-                break
-            backoff = min(backoff * 2, self._backoff_max)
+            if outcome is Stint.DIED:
+                if self._closed.wait(backoff):
+                    break
+                backoff = min(backoff * 2, self._backoff_max)
+            elif outcome is not Stint.IDLE:
+                backoff = self._backoff_initial
 
     def _start_helper(self, slot: int) -> _Helper | None:
         name = f"helper-{slot}"
-        if self._forking:
+        if self._forking and not self._closed.is_set():
             try:
                 return self._fork_helper(name)
             except ForkServerGone as exc:
                 self._stop_forking(f"the fork server {exc}")
+        if self._closed.is_set():  # closing (the fork server is gone for that reason): no new helper
+            return None
         return self._spawn_helper(name)
 
     def _spawn_helper(self, name: str) -> _Helper | None:
@@ -369,7 +404,8 @@ class HelperPool:
         to_parent_r, to_parent_w = os.pipe()
         to_helper_r, to_helper_w = os.pipe()
         try:
-            proc = start_helper_process(self._python, HELPER_ENTRY, (to_helper_r, to_parent_w), self._env)
+            proc = self._spawner.run(start_helper_process, self._python, HELPER_ENTRY, (to_helper_r, to_parent_w),
+                                     self._env)
         except OSError as exc:
             for fd in (to_parent_r, to_parent_w, to_helper_r, to_helper_w):
                 os.close(fd)
@@ -433,7 +469,7 @@ class HelperPool:
         if server is None:
             self._forkserver_preloaded = 0  # a new fork server imports every (good) preload module again
             server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
-                                build_timeout=self._build_timeout)
+                                build_timeout=self._build_timeout, spawner=self._spawner)
             t0 = time.perf_counter()
             ready = server.start(self._configure_message())
             self.stats.emit("forkserver_ready", family=self.family.name, helper="forkserver", pid=ready.pid,
@@ -489,21 +525,43 @@ class HelperPool:
             self._forking = False
         if not self._closed.is_set():
             log.error("%s: %s; starting each helper as its own process from now on", self.family.name, why)
-        self._close_forkserver(0.0)
+        self._close_forkserver(0.0, forever=True)
 
-    def _close_forkserver(self, grace: float) -> None:
-        # Not under _forkserver_lock, which a slot holds while the fork server imports: a slot still using
-        # this server sees its requests fail and stops forking.
+    def _close_forkserver(self, grace: float, forever: bool = False) -> None:
+        """Close the fork server; ``forever``: the pool forks no more (it is closing, or forking failed).
+        Not under _forkserver_lock, which a slot holds while the fork server imports: a slot still using
+        this server sees its requests fail."""
         with self._lock:
             server, self._forkserver = self._forkserver, None
-            self._forking = False  # a closed or retired pool forks no more
+            if forever:
+                self._forking = False
         if server is not None:
             server.close(grace)
 
-    def _send_preloads(self, helper: _Helper) -> str | None:
+    def _close_idle_forkserver(self) -> None:
+        """No helper for FORKSERVER_IDLE_S and nothing queued: the fork server's imports go too."""
+        with self._lock:
+            if (self._forkserver is None or self._helpers or self._starting
+                    or time.monotonic() - self._last_busy < FORKSERVER_IDLE_S):
+                return
+        if not self._forkserver_lock.acquire(blocking=False):  # a slot is using it right now
+            return
+        try:
+            with self._lock:
+                if self._helpers or self._starting:
+                    return
+                server, self._forkserver = self._forkserver, None
+            if server is not None:
+                log.info("%s: no helper for %.0fs; the fork server exits", self.family.name, FORKSERVER_IDLE_S)
+                self.stats.emit("forkserver_idle_exit", family=self.family.name)
+                server.close(1.0)
+        finally:
+            self._forkserver_lock.release()
+
+    def _send_preloads(self, helper: _Helper) -> Stint | None:
         """Bring the helper's imports up to the pool's preload list. A forked helper is replaced by a fresh
         fork once the fork server has imported the new modules (REFRESH); a spawned one imports them
-        itself. IDLE if it died importing them; None when it is up to date."""
+        itself. DIED if it died importing them; None when it is up to date."""
         with self._lock:
             new = tuple(m for m in self._preload[helper.sent_preload:] if m not in self._bad_preloads)
             if not helper.forked:
@@ -512,7 +570,7 @@ class HelperPool:
             return None
         if helper.forked:
             self._refresh_forkserver()
-            return REFRESH
+            return Stint.REFRESH
         reply = None
         t0 = time.perf_counter()
         if helper.send(Preload(new)):
@@ -530,7 +588,7 @@ class HelperPool:
             self._bad_preloads.update(new)
         log.warning("%s %s (pid %d) died while preloading %s (%s); those modules will not be preloaded",
                     self.family.name, helper.name, helper.pid, ", ".join(new), helper.describe_exit())
-        return IDLE
+        return Stint.DIED
 
     def _report_preload(self, who: str, modules: tuple[str, ...], reply: PreloadDone, t0: float,
                         event: str = "helper_preloaded") -> None:
@@ -540,27 +598,23 @@ class HelperPool:
         self.stats.emit(event, family=self.family.name, helper=who, modules=len(modules),
                         failed=sorted(reply.failed), seconds=time.perf_counter() - t0)
 
-    def _serve(self, helper: _Helper, slot: int) -> str:
-        """Feed ``helper`` jobs until it dies, needs replacing or the pool closes: BUILT if it finished a
-        build, REFRESH if a fresh fork should take its place, IDLE otherwise."""
-        built = IDLE
+    def _serve(self, helper: _Helper, slot: int) -> Stint:
+        """Feed ``helper`` jobs until nothing is left for it, it dies, it needs replacing or the pool
+        closes."""
+        built = False
         while not self._closed.is_set():
             if helper.proc.poll() is not None:
                 log.warning("%s %s (pid %d) exited while idle (%s); starting a new one", self.family.name,
                             helper.name, helper.pid, helper.describe_exit())
-                return built
+                return Stint.DIED
             outdated = self._send_preloads(helper)
-            if outdated == REFRESH:
-                return REFRESH
             if outdated is not None:
-                return built
+                return outdated
             if self._retire.is_set() and slot >= self.serving_workers:
-                return built  # serving: fewer helpers beside the executor
-            ticket = self.table.take_next(helper.name, timeout=0.2)
+                break  # serving: fewer helpers beside the executor
+            ticket = self.table.take_next(helper.name, timeout=HELPER_IDLE_S)
             if ticket is None:
-                if self._retire.is_set():
-                    return built  # serving: nothing queued, so give the host memory back
-                continue
+                break  # nothing left: give the host memory back; a new helper comes with new work
             with self._lock:
                 missing = set(ticket.request.modules) - helper.modules - self._bad_preloads
             if helper.forked and missing:
@@ -569,12 +623,11 @@ class HelperPool:
                 self.table.release(ticket, crashed=False)
                 self.preload(ticket.request.modules)
                 self._refresh_forkserver()
-                return REFRESH
-            alive = self._run_job(helper, ticket)
-            built = BUILT if alive else built
-            if not alive:
-                return built
-        return built
+                return Stint.REFRESH
+            if not self._run_job(helper, ticket):
+                return Stint.DIED
+            built = True
+        return Stint.WORKED if built else Stint.IDLE
 
     def _run_job(self, helper: _Helper, ticket: Ticket) -> bool:
         """Build one ticket in ``helper``; False if the helper is gone afterwards."""

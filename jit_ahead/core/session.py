@@ -9,13 +9,19 @@ import sys
 import threading
 import time
 
+from . import device_view, knobs
 from .limits import EngineLimits
+from .plan_cache import PlanStore, plan_folder
 from .planning import PlanningRun
 from .priority import Priority
 from .stats import Stats
 from .stats_log import open_stats_log
 
 log = logging.getLogger("jit_ahead.session")
+
+# At interpreter exit, builds still running get this long before their helpers are killed: the process's
+# own work is over, and a killed build publishes nothing (every entry is written atomically).
+EXIT_GRACE_S = 0.1
 
 # Families by name, as "module:Class"; imported only when a session asks for them.
 FAMILIES = {"triton": "jit_ahead.triton.family:TritonFamily", "cute": "jit_ahead.cute.family:CuteFamily"}
@@ -48,6 +54,7 @@ class Session:
                 log.error("jit_ahead: the %s family is not available (%s); running without it", name, exc)
         self._closed = False
         self._planning: list[PlanningRun] = []
+        self._plans: PlanStore | bool | None = None  # saved plans (JIT_AHEAD_PLAN_DIR); False: none
         self._serving_listeners: list = []
 
     def __getattr__(self, name: str):
@@ -78,9 +85,24 @@ class Session:
 
             providers = builtin_providers()
         providers = list(providers)
-        run = PlanningRun(self.families, self.stats, model, limits, providers).start()
+        view = device_view.current()  # read here: a planner forked from this process must not touch the GPU
+
+        def enter_planner() -> None:
+            device_view.pin(view)
+            for family in self.families.values():
+                family.enter_planner()
+
+        run = PlanningRun(self.families, self.stats, model, limits, providers, planners=knobs.planner_count(),
+                          enter_planner=enter_planner, store=self._plan_store(), view=view,
+                          lock_timeout=knobs.wait_timeout_s()).start()
         self._planning.append(run)
         return run
+
+    def _plan_store(self) -> PlanStore | None:
+        if self._plans is None:
+            folder = plan_folder()
+            self._plans = PlanStore(folder) if folder is not None else False
+        return self._plans or None
 
     def wait_ready(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
         """Wait until planning has queued every launch up to ``priority``, replay has queued its records,
@@ -133,6 +155,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        for run in self._planning:  # planners are killed; a planning thread stops before its next launch
+            run.cancel(timeout=1.0)
         for family in self.families.values():
             family.close(grace)
         summary = self.summary()
@@ -178,7 +202,7 @@ def start(families=("triton",), **options) -> Session:
     with _current_lock:
         if _current is None:
             _current = Session(families, **options).start()
-            atexit.register(_current.close)
+            atexit.register(_current.close, EXIT_GRACE_S)
         return _current
 
 

@@ -223,6 +223,27 @@ class RequestTable:
                 out[t.state.value] += 1
             return out
 
+    def has_queued(self) -> bool:
+        """Whether a helper would find something to take now."""
+        with self._cond:
+            return self._has_queued_locked()
+
+    def _has_queued_locked(self) -> bool:
+        # the heap may hold stale entries (raised or claimed tickets); drop them from the top
+        while self._heap:
+            prio, _, key = self._heap[0]
+            ticket = self._tickets[key]
+            if ticket.state is State.QUEUED and int(ticket.priority) == prio:
+                return True
+            heapq.heappop(self._heap)
+        return False
+
+    def wait_queued(self, timeout: float) -> bool:
+        """Wait until something is queued (or the table closes, or ``timeout`` passes)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._has_queued_locked(), timeout)
+            return self._has_queued_locked()
+
     def pending(self) -> int:
         with self._cond:
             return sum(1 for t in self._tickets.values() if t.state in (State.QUEUED, State.RUNNING))

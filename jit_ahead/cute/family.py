@@ -29,6 +29,9 @@ from .library_cache import LibraryCacheRequest
 from .load import CuteExecutor
 from .plan import Capture, capture
 from .record import LibraryCall, recordable, record_format
+from .record import decode_for as decode_record_for
+from .record import encode as encode_record
+from .record import header as record_header
 from .request import FAMILY, CuteCompileRequest
 
 log = logging.getLogger("jit_ahead.cute")
@@ -75,6 +78,26 @@ class CuteFamily:
 
     def capture(self, target=None):
         return capture(target or self.arch)
+
+    def enter_planner(self) -> None:
+        """In a planner process forked from the server: captures need nothing of their own here (the
+        arch is this family's, the device view pinned by the planner)."""
+
+    def note_groups(self, groups) -> None:
+        """CuTe captures have no autotune groups."""
+
+    # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
+    def plan_header(self) -> dict:
+        return record_header(self.arch)
+
+    def plan_encode(self, request) -> dict:
+        """A library call is saved as its call (keyed again by the library when read), as records do."""
+        if isinstance(request, LibraryCacheRequest):
+            return encode_record(LibraryCall(request.module, request.qualname, request.args, request.kwargs))
+        return encode_record(request)
+
+    def plan_decode(self, entry: dict):
+        return self._replayable(decode_record_for(self.plan_header())(entry))
 
     def submit(self, requests: Iterable[CuteCompileRequest | LibraryCacheRequest] | Capture,
                priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import threading
 from collections.abc import Callable
 
 from ..core.executor import JitAfterReadyError
+from ..core.processes import fork_safe_lock
 
 log = logging.getLogger("jit_ahead.cute")
 
@@ -24,7 +24,7 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_cute_captu
 # handler(compile_callable, func, args, kwargs, compile_in_place) -> the compiled callable
 Handler = Callable[..., object]
 
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _original = None  # CompileCallable._compile as the DSL defined it
 _handler: Handler | None = None
 

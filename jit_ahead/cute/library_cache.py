@@ -18,11 +18,11 @@ import contextvars
 import functools
 import hashlib
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.processes import fork_safe_lock
 from ..core.requests import BuildRequest
 from .arch import targeting
 from .request import FAMILY
@@ -30,7 +30,7 @@ from .request import FAMILY
 # The capture of the current context (jit_ahead.cute.plan.Capture); None outside planning.
 capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_library_cache_capture", default=None)
 
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 # JIT_AHEAD_RECORD_DIR: called once per distinct call made outside planning, (module, qualname, args, kwargs)
 _recorder = None
 _recorded: set = set()

@@ -43,9 +43,11 @@ from dataclasses import dataclass
 import torch
 
 from ..core.limits import EngineLimits
+from ..core.planners import in_planner
 from ..core.priority import Priority
+from ..core.processes import fork_safe_lock
 from .base import PlannedLaunch, Provider, is_warmup_shape
-from .meta import HostIndices, MetaCaller, ProbedCall, layer_settings, probe
+from .meta import MetaCaller, ProbedCall, layer_settings, probe, with_host_indices_if_needed
 
 log = logging.getLogger("jit_ahead.providers.fla")
 
@@ -253,14 +255,14 @@ class _TensorCacheSwitch:
         return getattr(self.local, "planning", False) or bool(self.setting)
 
 
-_switch_lock = threading.Lock()
+_switch_lock = fork_safe_lock()
 
 
 @contextlib.contextmanager
 def _padded_planning(padded: bool) -> Iterator[None]:
-    """For a call with a host mask (``padded``): HostIndices, with fla's shared index memo off in this
-    thread; nothing otherwise."""
-    if not padded:
+    """For a call with a host mask (``padded``): fla's shared index memo off in this thread; nothing
+    otherwise, nor in a planner process, where no serving thread shares the memo."""
+    if not padded or in_planner():
         yield
         return
     import fla.utils
@@ -272,14 +274,17 @@ def _padded_planning(padded: bool) -> Iterator[None]:
     before = getattr(switch.local, "planning", False)
     switch.local.planning = True
     try:
-        with HostIndices():
-            yield
+        yield
     finally:
         switch.local.planning = before
 
 
-@torch.no_grad()
 def _prefill(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None = None):
+    return with_host_indices_if_needed(lambda: _prefill_once(site, batch, seq, mask), mask is not None)
+
+
+@torch.no_grad()
+def _prefill_once(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None = None):
     from fla.models.utils import Cache
 
     padded = {} if mask is None else {"attention_mask": mask}
@@ -295,12 +300,16 @@ def _padded_prefill(site: GatedDeltaNetSite, shape: PaddedBatch):
     return _prefill(site, shape.batch, shape.padded, shape.mask())
 
 
-@torch.no_grad()
 def _continued_prefill(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None = None) -> None:
     """A prefill of ``seq`` tokens onto the state a one-token prefill left; ``mask``: the new tokens'
     columns of a padded batch (the earlier token's column is all ones, as generate extends a mask)."""
+    with_host_indices_if_needed(lambda: _continued_prefill_once(site, batch, seq, mask), mask is not None)
+
+
+@torch.no_grad()
+def _continued_prefill_once(site: GatedDeltaNetSite, batch: int, seq: int, mask: torch.Tensor | None) -> None:
     first = None if mask is None else torch.ones(batch, 1, dtype=torch.long)
-    cache = _prefill(site, batch, 1, first)
+    cache = _prefill_once(site, batch, 1, first)
     extra = {} if mask is None else {"attention_mask": torch.cat([first, mask], dim=1)}
     with _padded_planning(mask is not None):
         site.caller(_hidden(site, batch, seq), past_key_values=cache, use_cache=True, **extra)

@@ -26,6 +26,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..core.processes import fork_safe_lock
+
 
 def meta_replica(module: torch.nn.Module, copies: dict[int, torch.nn.Module] | None = None) -> torch.nn.Module:
     """A copy of ``module``'s structure whose parameters and buffers are meta stand-ins (same dtype, shape
@@ -139,6 +141,20 @@ class HostIndices(TorchDispatchMode):
             args, kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: t if t.is_meta else t.to("meta"), (args, kwargs))
         return func(*args, **kwargs)
+
+
+def with_host_indices_if_needed(call, host_inputs: bool = True):
+    """``call()``, with host tensors among its inputs (``host_inputs``): torch's meta kernels take host
+    index tensors in most ops (``gather``, ``index``, ``index_put_``), and a Python dispatch mode costs
+    more than the rest of a forward, so the call runs as it is first and again under HostIndices only
+    if it raised. Launches captured before the failing op are those it makes under HostIndices too."""
+    if not host_inputs:
+        return call()
+    try:
+        return call()
+    except Exception:
+        with HostIndices():
+            return call()
 
 
 def _mixes_meta_and_host(values) -> bool:
@@ -256,7 +272,7 @@ def _replayable(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() and tensor.storage_offset() == 0
 
 
-_apply_patch_lock = threading.Lock()
+_apply_patch_lock = fork_safe_lock()
 
 
 class _FunctionRecorder:

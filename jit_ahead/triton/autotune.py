@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from triton.runtime.autotuner import Autotuner
 
+from ..core.processes import fork_safe_lock
 from ..core.records import RecordFormat, is_dotted_name
 from .record import header as triton_header
 from .spec import unwrap_jit_function
@@ -115,7 +116,7 @@ _original_check_disk_cache = Autotuner.check_disk_cache
 _original_bench = Autotuner._bench
 ChoiceRecorder = Callable[[TuningChoice | None, list], None]
 _recorder: ChoiceRecorder | None = None
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 
 
 def benchmark_in_progress() -> Benchmark | None:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable, Iterator
 
 from triton import knobs
+from triton.backends.compiler import GPUTarget
 
 from ..core import device_view
 from ..core import knobs as core_knobs
@@ -19,10 +20,14 @@ from ..core.stats import Stats
 from ..core.table import Ticket
 from . import autotune, hook
 from .load import TritonExecutor
-from .plan import Capture, capture
+from .plan import Capture, capture, reset_after_fork
 from .record import RecordedVariant, record_format
+from .record import decode_for as decode_record_for
+from .record import encode as encode_record
+from .record import header as record_header
 from .request import FAMILY, TritonCompileRequest
 from .spec import not_importable, on_disk
+from .standin import install_stand_in
 
 log = logging.getLogger("jit_ahead.triton")
 
@@ -52,6 +57,7 @@ class TritonFamily:
         self._records_lock = threading.Lock()
         self._unrecorded: list[tuple[str, object]] | None = None
         self._replay_thread: threading.Thread | None = None
+        self._plan_decoder = None
 
     def start(self) -> None:
         self.pool.start()
@@ -73,9 +79,32 @@ class TritonFamily:
         if not self.wait_replay(timeout=60):
             log.warning("triton: records still being read after 60 s; planning goes on without their "
                         "autotune choices")
-        with capture(target) as plan:
+        with capture(target or GPUTarget(*self.device_view.triton_target)) as plan:
             yield plan
             self.executor.note_autotune_groups(plan.autotune_groups)
+
+    def enter_planner(self) -> None:
+        """In a planner process forked from the server: plan for the server's GPU without touching it
+        (a stand-in driver with its target and properties), with no capture of the server's active."""
+        reset_after_fork()
+        install_stand_in(self.device_view)
+
+    def note_groups(self, groups) -> None:
+        """Variants an autotuner benchmarks together, found by a planner (Capture.autotune_groups)."""
+        self.executor.note_autotune_groups(groups)
+
+    # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
+    def plan_header(self) -> dict:
+        return record_header(self.device_view.triton_target)
+
+    def plan_encode(self, request: TritonCompileRequest) -> dict:
+        return encode_record(RecordedVariant(request))
+
+    def plan_decode(self, entry: dict) -> TritonCompileRequest:
+        if self._plan_decoder is None:
+            header = self.plan_header()
+            self._plan_decoder = decode_record_for(tuple(header["target"]), header["env"])
+        return self._plan_decoder(entry).request
 
     def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
                priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:

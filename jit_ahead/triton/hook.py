@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import threading
 from collections.abc import Callable
 
 from triton import knobs
 
 from ..core.executor import JitAfterReadyError
+from ..core.processes import fork_safe_lock
 from . import compat
 
 log = logging.getLogger("jit_ahead.triton")
@@ -24,7 +24,7 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_triton_cap
 
 MissHandler = Callable[..., None]
 
-_lock = threading.Lock()
+_lock = fork_safe_lock()
 _previous = None
 _miss_handler: MissHandler | None = None
 

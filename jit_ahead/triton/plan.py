@@ -28,6 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
+from ..core.processes import fork_safe_lock
 from . import autotune, hook
 from .request import TritonCompileRequest
 from .spec import decode_options, on_disk, predict_hash, target_tuple
@@ -278,9 +279,18 @@ def _restore_driver(driver, saved: dict) -> None:
             vars(driver).pop(name, None)
 
 
-_patch_lock = threading.Lock()
+_patch_lock = fork_safe_lock()
 _patch_users = 0
 _patched_driver: tuple | None = None  # (driver, what _redirect_driver saved)
+
+
+def reset_after_fork() -> None:
+    """In a planner forked from the server while one of its threads was capturing: no capture is active
+    in this process, so the next one installs the patches afresh (on this process's driver)."""
+    global _patch_users, _patched_driver
+    _patch_users = 0
+    _patched_driver = None
+    Autotuner.run = _original_autotuner_run
 
 
 @contextlib.contextmanager

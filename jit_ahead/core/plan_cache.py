@@ -1,0 +1,324 @@
+"""Saved plans: planning a model within limits is done once, and read back at every later start.
+
+A plan is saved under a key computed from everything the result depends on:
+- the model: every module's class, its plain settings and the shapes, strides and dtypes of its
+  parameters and buffers, a forward patched onto an instance, the model's configuration;
+- the code its modules run: each module class's source file and the functions and classes its module
+  resolves at call time (a kernel library patches those: ``apply_liger_kernel_to_*`` swaps
+  ``apply_rotary_pos_emb``);
+- the limits, the providers (class, version, source) and the distributions they and the model's classes
+  come from (version and installed files, as pip's RECORD lists them with their hashes);
+- torch, jit_ahead (its sources), the server's GPU as the families see it, and each family's own header
+  (Triton: its version and install key, the Python ABI, the target, the cache-invalidating environment).
+
+A start whose key matches reads the plan instead of planning: no probe forward, no planner. What is on
+disk is not queued, so a start whose variants were all built starts no helper. On a miss, the saved
+plan of the same model that differs least is named in one log line with what changed.
+
+Plans name modules that helpers import, like records: a folder or file another user can write is
+refused, entries are decoded by the families' record decoders (plain dotted names only).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .priority import Priority
+from .records import describe_difference, unsafe_because
+
+log = logging.getLogger("jit_ahead.planning")
+
+KNOB = "JIT_AHEAD_PLAN_DIR"
+FORMAT = 1
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def plan_folder(raw: str | None = None) -> Path | None:
+    """The folder JIT_AHEAD_PLAN_DIR names (default ``~/.cache/jit_ahead/plans``); None when it is ``0``."""
+    raw = (os.environ.get(KNOB) if raw is None else raw) or ""
+    raw = raw.strip()
+    if raw.lower() in ("0", "off", "false", "no"):
+        return None
+    if not raw:
+        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+        raw = os.path.join(base, "jit_ahead", "plans")
+    return Path(raw).absolute()
+
+
+# -- the key ------------------------------------------------------------------------------------------------
+def _name(obj) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def model_structure(model) -> list:
+    """Each module as (path, class, plain settings, parameters, buffers, patched forward)."""
+    rows = []
+    for path, module in model.named_modules():
+        settings = sorted((k, v) for k, v in vars(module).items()
+                          if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN))
+        tensors = [[kind, name, list(t.shape), list(t.stride()), str(t.dtype)]
+                   for kind, table in (("p", module._parameters), ("b", module._buffers))
+                   for name, t in table.items() if t is not None]
+        forward = vars(module).get("forward")
+        rows.append([path, _name(type(module)), settings, tensors,
+                     None if forward is None else _name(getattr(forward, "__func__", forward))])
+    config = getattr(model, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    if callable(to_json):
+        try:
+            rows.append(["config", to_json()])
+        except Exception:  # noqa: BLE001 - a config that cannot be written is left to the structure
+            rows.append(["config", repr(config)])
+    return rows
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def file_digest(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+        return _file_digest(path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+
+
+def code_identity(model) -> dict:
+    """For each module class's own module: its source file's digest and what its names resolve to."""
+    out = {}
+    for cls in {type(m) for m in model.modules()}:
+        mod = sys.modules.get(cls.__module__)
+        if mod is None or cls.__module__ in out:
+            continue
+        names = {name: _name(value) for name, value in sorted(vars(mod).items())
+                 if isinstance(value, (types.FunctionType, type, functools.partial)) and not name.startswith("__")}
+        out[cls.__module__] = {"file": file_digest(getattr(mod, "__file__", None)), "names": names}
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions_by_package() -> dict:
+    return importlib.metadata.packages_distributions()
+
+
+@functools.lru_cache(maxsize=64)
+def distribution_digest(package: str) -> list:
+    """The distributions that install ``package``: name, version, and a digest of their RECORD (pip
+    writes each installed file's hash there), or of the package's files where there is none."""
+    out = []
+    for dist_name in sorted(set(_distributions_by_package().get(package, ()))):
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        record = dist.read_text("RECORD") or ""
+        out.append([dist_name, dist.version, hashlib.sha256(record.encode()).hexdigest()[:16]])
+    if not out:  # a package on sys.path only (a source checkout): its files, by size and time
+        out.append(["(no distribution)", _tree_digest(package)])
+    return out
+
+
+def _tree_digest(package: str) -> str | None:
+    mod = sys.modules.get(package)
+    if mod is None or not getattr(mod, "__file__", None):
+        return None
+    root = Path(mod.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        digest.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _own_sources() -> str:
+    """jit_ahead's own sources: planning code that changes plans otherwise under the same version."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update((file_digest(str(path)) or "").encode())
+    return digest.hexdigest()[:16]
+
+
+def plan_key(model, limits, providers: list, families: dict, view) -> dict:
+    """The parts of a plan's key; ``digest(parts)`` names the plan."""
+    import torch
+
+    from .. import __version__
+
+    packages = {p.library.split(".")[0] for p in providers}
+    packages |= {type(m).__module__.split(".")[0] for m in model.modules()}
+    return {
+        "model": hashlib.sha256(json.dumps(model_structure(model), default=str).encode()).hexdigest(),
+        "model_class": _name(type(model)),
+        "code": hashlib.sha256(json.dumps(code_identity(model), sort_keys=True).encode()).hexdigest()[:16],
+        "limits": repr(limits),
+        "providers": sorted([_name(type(p)), str(getattr(p, "version", "")),
+                             file_digest(getattr(sys.modules.get(type(p).__module__), "__file__", None))]
+                            for p in providers),
+        "libraries": {package: distribution_digest(package) for package in sorted(packages) if package != "__main__"},
+        "torch": torch.__version__,
+        "jit_ahead": [__version__, _own_sources()],
+        "device": [view.name, list(view.capability), sorted(view.torch_properties.items()),
+                   list(view.triton_target), sorted(view.triton_properties.items())],
+        "families": {name: family.plan_header() for name, family in sorted(families.items())},
+    }
+
+
+def digest(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+# -- the file -----------------------------------------------------------------------------------------------
+@dataclass
+class SavedPlan:
+    """What planning found: per family, each variant's entry with its first priority, and the autotune
+    groups; what it cost; the launch errors it logged."""
+
+    requests: dict = field(default_factory=dict)  # family -> [(priority name, request)]
+    groups: dict = field(default_factory=dict)  # family -> [[variant key, ...], ...]
+    launches: int = 0
+    seconds: float = 0.0
+    errors: list = field(default_factory=list)
+    created: float = 0.0
+
+
+class PlanStore:
+    """One folder of saved plans (``plan-<digest>.jsonl``: a header line with the key, then one line
+    per family's entries)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.usable = self._check_folder()
+
+    def _check_folder(self) -> bool:
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            why = unsafe_because(self.folder, os.stat(self.folder))
+        except OSError as exc:
+            log.error("%s=%s cannot be used (%s); plans are not saved or read", KNOB, self.folder, exc)
+            return False
+        if why:
+            log.error("%s=%s is %s; saved plans name modules helpers import, so none is saved or read",
+                      KNOB, self.folder, why)
+            return False
+        return True
+
+    def path(self, parts: dict) -> Path:
+        return self.folder / f"plan-{digest(parts)}.jsonl"
+
+    def lock_path(self, parts: dict) -> Path:
+        return self.folder / f".plan-{digest(parts)}.lock"
+
+    def load(self, parts: dict, families: dict) -> SavedPlan | None:
+        """The saved plan for this key, or None (absent, unreadable, unsafe or not matching)."""
+        path = self.path(parts)
+        try:
+            with open(path, encoding="utf-8") as f:
+                why = unsafe_because(path, os.fstat(f.fileno()))
+                if why:
+                    log.error("saved plan %s is %s; it names modules helpers import, so it is ignored", path, why)
+                    return None
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.error("saved plan %s cannot be read (%s); planning again", path, exc)
+            return None
+        try:
+            header = json.loads(lines[0])
+            if header.get("jit_ahead_plan") != FORMAT or header.get("key") != json.loads(json.dumps(parts, default=str)):
+                log.warning("saved plan %s does not match this start; planning again", path)
+                return None
+            plan = SavedPlan(launches=int(header["launches"]), seconds=float(header["seconds"]),
+                             errors=list(header.get("errors", [])), created=float(header.get("created", 0)))
+            for line in lines[1:]:
+                body = json.loads(line)
+                name = body["family"]
+                family = families[name]
+                entries = []
+                for priority, entry in body["entries"]:
+                    request = family.plan_decode(entry)
+                    if request is not None:
+                        entries.append((Priority[priority], request))
+                plan.requests[name] = entries
+                plan.groups[name] = [tuple(map(str, g)) for g in body.get("groups", [])]
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            log.error("saved plan %s is unusable (%s: %s); planning again", path, type(exc).__name__, exc)
+            return None
+        return plan
+
+    def save(self, parts: dict, plan: SavedPlan, families: dict) -> Path | None:
+        """Write the plan atomically (aside, then renamed into place); None if it cannot be written."""
+        path = self.path(parts)
+        header = {"jit_ahead_plan": FORMAT, "key": parts, "launches": plan.launches, "seconds": round(plan.seconds, 3),
+                  "errors": plan.errors, "created": time.time()}
+        lines = [json.dumps(header, sort_keys=True, default=str)]
+        try:
+            for name, entries in plan.requests.items():
+                family = families[name]
+                body = {"family": name, "entries": [[p.name, family.plan_encode(r)] for p, r in entries],
+                        "groups": [list(g) for g in plan.groups.get(name, [])]}
+                lines.append(json.dumps(body, sort_keys=True))
+        except (TypeError, ValueError) as exc:  # a request its family cannot write down
+            log.warning("the plan cannot be saved (%s: %s); the next start plans again", type(exc).__name__, exc)
+            return None
+        aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+            os.replace(aside, path)
+        except OSError as exc:
+            log.error("cannot save the plan to %s (%s); the next start plans again", path, exc)
+            try:
+                aside.unlink()
+            except OSError:
+                pass
+            return None
+        return path
+
+    def closest(self, parts: dict) -> str | None:
+        """What differs between this key and the saved plan of the same model class that differs least."""
+        best = None
+        for path in self.folder.glob("plan-*.jsonl"):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    key = json.loads(f.readline()).get("key", {})
+            except (OSError, ValueError, AttributeError):
+                continue
+            if not isinstance(key, dict) or key.get("model_class") != parts.get("model_class"):
+                continue
+            changed = [name for name in parts if json.dumps(key.get(name), sort_keys=True, default=str)
+                       != json.dumps(parts[name], sort_keys=True, default=str)]
+            if best is None or len(changed) < len(best[0]):
+                best = (changed, key)
+        if best is None:
+            return None
+        changed, key = best
+        details = []
+        for name in changed:
+            if name in ("model", "code"):
+                details.append(f"{name} changed")
+            elif isinstance(parts[name], dict) and isinstance(key.get(name), dict):
+                details.append(f"{name}: " + describe_difference(key[name], parts[name]))
+            else:
+                details.append(f"{name}: {key.get(name)!r} -> {parts[name]!r}")
+        return "; ".join(details)

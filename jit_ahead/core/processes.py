@@ -1,0 +1,163 @@
+"""Process plumbing shared by helpers and planners: priority, dying with the parent, ending a process tree.
+
+A jit_ahead child must never outlive the process it works for, however that process ends (return from
+main, ``sys.exit``, SIGTERM, SIGKILL): on Linux the kernel delivers a signal to a child whose parent
+thread exits (``PR_SET_PDEATHSIG``), and ``end_tree`` kills a child with everything it started (a
+compiler it is waiting for).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+import psutil
+
+log = logging.getLogger("jit_ahead.processes")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def lower_priority(level: int = 19) -> None:
+    try:
+        os.nice(level - os.nice(0))
+    except OSError as exc:
+        log.warning("could not lower this process's priority to nice %d: %s", level, exc)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when the thread that created it ends (Linux; a
+    no-op elsewhere). Call it only in a process whose creating thread lives as long as it is needed:
+    the signal follows that thread, not the whole parent process. Returns whether it is armed."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def detach_descriptors(keep: tuple[int, ...] = ()) -> None:
+    """In a process forked from the server without exec: point every inherited descriptor but stdin,
+    stdout, stderr and ``keep`` at /dev/null. A copy of a pipe's write end held here would keep the
+    server's reader from ever seeing its end (``subprocess.Popen`` waits on such a pipe for its child's
+    exec), and a listening socket held here would keep the server's port after it exits. The
+    descriptors stay open (on /dev/null), so an inherited object that closes its own later closes
+    nothing of ours."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in fds:
+            if fd > 2 and fd != null and fd not in keep:
+                try:
+                    os.dup2(null, fd)
+                except OSError:
+                    pass  # not open (the directory listing's own descriptor, or a range guess)
+    finally:
+        os.close(null)
+
+
+def _arm_compiler_child() -> None:  # runs between fork and exec in a compiler the helper starts
+    die_with_parent(signal.SIGKILL)
+
+
+_original_popen_init = subprocess.Popen.__init__
+
+
+def compilers_die_with_this_process() -> None:
+    """In a helper: every subprocess it starts from now on (Triton's ptxas, gcc for a host launcher) is
+    killed by the kernel if the helper dies, so killing a helper never leaves a compiler running.
+    Helpers run their builds on one thread, so the ``preexec_fn`` this adds is safe there."""
+    if not sys.platform.startswith("linux") or subprocess.Popen.__init__ is not _original_popen_init:
+        return
+
+    def popen_init(self, *args, **kwargs):
+        if kwargs.get("preexec_fn") is None:
+            kwargs["preexec_fn"] = _arm_compiler_child
+        _original_popen_init(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = popen_init
+
+
+class Spawner:
+    """Starts a pool's child processes from one thread that outlives all of them.
+
+    A child arms its parent-death signal (``die_with_parent``) when it starts; the kernel sends it when
+    the thread that created the child ends. Slot threads come and go (a helper retires, a slot gives up),
+    so children are started from this thread instead, which lasts until ``close()`` (or the process)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._requests: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, start, *args, **kwargs):
+        """``start(*args, **kwargs)`` on the spawner thread; its result, or its exception raised here."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+        done = threading.Event()
+        box: dict = {}
+        self._requests.put((start, args, kwargs, done, box))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _loop(self) -> None:
+        while True:
+            item = self._requests.get()
+            if item is None:
+                return
+            start, args, kwargs, done, box = item
+            try:
+                box["value"] = start(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+            done.set()
+
+    def close(self) -> None:
+        """End the thread: children still running get their parent-death signal."""
+        with self._lock:
+            if self._thread is not None:
+                self._requests.put(None)
+
+
+def end_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (children first listed, so none is re-parented
+    unseen). Processes already gone are skipped."""
+    try:
+        root = psutil.Process(pid)
+        victims = root.children(recursive=True) + [root]
+    except psutil.Error:
+        return
+    for proc in victims:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+
+
+def fork_safe_lock():
+    """A lock that no other thread holds at the moment this process forks (``os.fork`` waits for it):
+    a forked planner or fork server may take it without deadlocking on a copy held by a thread that does
+    not exist there. For module-level locks held briefly; never fork while holding one."""
+    import threading
+
+    lock = threading.Lock()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=lock.acquire, after_in_parent=lock.release, after_in_child=lock.release)
+    return lock

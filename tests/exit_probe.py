@@ -1,0 +1,47 @@
+"""A server-like process for the exit tests: ``python -m tests.exit_probe MODE``.
+
+It starts jit_ahead as an engine would, plans the GatedDeltaNet demo model at limits large enough that
+planning (in forked planners) and builds (fla kernels in helpers) are still running, prints ``WORK_DONE``
+once both are under way, then ends by MODE: ``return`` from main, ``exit3`` (``sys.exit(3)``), or
+``wait`` (sleep until the test sends a signal). ``plain`` is the same process without jit_ahead: it
+builds the model, prints ``WORK_DONE`` and returns (how long the interpreter itself takes to end).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+
+def main(mode: str) -> int:
+    from jit_ahead.triton.standin import ensure_driver
+
+    ensure_driver()
+    import jit_ahead
+    from jit_ahead import demo_models
+    from jit_ahead.core.limits import EngineLimits
+
+    if mode == "plain":
+        demo_models.fla_gated_deltanet()
+        print("WORK_DONE", flush=True)
+        return 0
+
+    session = jit_ahead.start(triton={"workers": 2})
+    building = threading.Event()
+    session.stats.subscribe(lambda e: building.set() if e["event"] == "build_start" else None)
+    run = session.plan_model(demo_models.fla_gated_deltanet(), EngineLimits(4096, 8, 4096,
+                                                                            cuda_graph_batch_sizes=(1, 2)))
+    if not building.wait(300):
+        print("no build started", flush=True)
+        return 5
+    print(f"WORK_DONE planning_done={run.done}", flush=True)
+    if mode == "exit3":
+        sys.exit(3)
+    if mode == "wait":
+        while True:
+            time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

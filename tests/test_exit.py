@@ -1,0 +1,95 @@
+"""A process that uses jit_ahead ends as it would without it, while planning and builds still run: with
+its own status, within a second of its own work ending, never aborting, and leaving no planner, helper
+or compiler process behind."""
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from .conftest import REPO
+
+CASES = {
+    "return from main": ("return", None, 0),
+    "sys.exit(3)": ("exit3", None, 3),
+    "SIGTERM": ("wait", signal.SIGTERM, -signal.SIGTERM),
+    "SIGINT": ("wait", signal.SIGINT, -signal.SIGINT),
+}
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _start(mode: str, tmp_path):
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO), JIT_AHEAD_PLANNERS="1")
+    stderr = open(tmp_path / f"stderr-{mode}.txt", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.exit_probe", mode], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True)
+    return proc, stderr
+
+
+@pytest.fixture(scope="module")
+def plain_exit_s(tmp_path_factory) -> float:
+    """How long the same process without jit_ahead takes to end after its work (the interpreter tearing
+    down torch and the kernel libraries)."""
+    proc, _ = _start("plain", tmp_path_factory.mktemp("plain"))
+    for line in proc.stdout:
+        if line.startswith("WORK_DONE"):
+            done_at = time.monotonic()
+            break
+    proc.wait(timeout=60)
+    return time.monotonic() - done_at
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_process_ends_with_its_own_status_promptly_and_leaves_nothing_behind(case, tmp_path, plain_exit_s):
+    mode, sig, status = CASES[case]
+    proc, stderr = _start(mode, tmp_path)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen: set[int] = set()
+    done_at = None
+    deadline = time.monotonic() + 420
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= _descendants(proc.pid)
+        try:
+            line = lines.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if line.startswith("WORK_DONE"):
+            assert "planning_done=False" in line  # planners were still enumerating
+            seen |= _descendants(proc.pid)
+            done_at = time.monotonic()
+            if sig is not None:
+                proc.send_signal(sig)
+    proc.wait(timeout=30)
+    ended_at = time.monotonic()
+    stderr.seek(0)
+    errors = stderr.read()
+    assert done_at is not None, errors[-3000:]
+    assert proc.returncode == status, errors[-3000:]
+    assert "terminate called" not in errors and proc.returncode != -signal.SIGABRT
+    # planners, the fork server and at least one helper were running when the work ended
+    assert len(seen) >= 3, seen
+    took = ended_at - done_at
+    print(f"{case}: ended {took:.2f}s after its work ({plain_exit_s:.2f}s without jit_ahead)")
+    assert took < plain_exit_s + 1.0, f"exit took {took:.2f}s after the work ended ({plain_exit_s:.2f}s without jit_ahead)"
+    time.sleep(1.0)  # a child that watches its parent notices within this
+    left = [pid for pid in seen if _alive(pid)]
+    assert not left, [(pid, psutil.Process(pid).cmdline()) for pid in left]

@@ -1,0 +1,182 @@
+"""Saved plans: planning a model within limits is done once. A start whose plan is saved and built runs
+no enumeration and starts no process; a changed model, limit or library version plans again."""
+import logging
+import os
+import shutil
+import time
+
+import psutil
+import torch
+
+from jit_ahead.core import plan_cache
+from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.priority import Priority
+from jit_ahead.core.session import Session
+
+from .layers import ScaleLayer, ScaleProvider, model
+
+LIMITS = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+
+
+class CountingProvider(ScaleProvider):
+    """ScaleProvider that counts how often it is asked to find layers (a planning pass over the model)."""
+
+    name = "test-counting"
+    passes = 0
+
+    def find_layers(self, model):
+        CountingProvider.passes += 1
+        return super().find_layers(model)
+
+
+def start(events=None, workers=1) -> Session:
+    session = Session(triton={"workers": workers})
+    if events is not None:
+        session.stats.subscribe(events.append)
+    return session.start()
+
+
+def plan(session, net, limits=LIMITS, provider=None):
+    run = session.plan_model(net, limits, [provider or CountingProvider()])
+    assert run.wait(300), "planning did not finish"
+    return run
+
+
+def test_a_second_start_reads_the_saved_plan_and_starts_no_process_when_all_is_built():
+    first = start()
+    try:
+        run = plan(first, model())
+        assert first.wait_ready(300, priority=Priority.BACKGROUND)
+        assert run.saved_plan and os.path.exists(run.saved_plan) and all(t.result.ok for t in run.tickets)
+    finally:
+        first.close()
+    CountingProvider.passes = 0
+    events = []
+    second = start(events)
+    try:
+        again = plan(second, model())
+        assert CountingProvider.passes == 0  # no probe of the model, no enumeration
+        assert again.saved_plan == run.saved_plan and again.variants == run.variants and again.launches == run.launches
+        assert not again.tickets  # everything is on disk: nothing queued
+        time.sleep(1.0)
+        assert not psutil.Process().children(recursive=True)  # no planner, no fork server, no helper
+        assert not [e for e in events if e["event"].endswith("_ready")]
+        assert [e["event"] for e in events if e["event"].startswith("plan")] == ["plan_loaded"]
+        # the plan is known to the executor: the guard and the report compare against it
+        assert len(second.triton.executor._planned_keys) == sum(run.variants.values())
+    finally:
+        second.close()
+
+
+def test_a_start_with_some_builds_missing_builds_only_those():
+    from triton.runtime.cache import get_cache_manager
+
+    first = start()
+    try:
+        run = plan(first, model())
+        assert first.wait_ready(300, priority=Priority.BACKGROUND)
+    finally:
+        first.close()
+    lost = run.tickets[0].key
+    shutil.rmtree(get_cache_manager(lost).cache_dir)  # one variant's cache entry is gone
+    second = start()
+    try:
+        again = plan(second, model())
+        assert [t.key for t in again.tickets] == [lost]
+        assert second.wait_ready(300, priority=Priority.BACKGROUND) and again.tickets[0].result.ok
+    finally:
+        second.close()
+
+
+def test_a_changed_model_or_limit_plans_again_and_says_what_changed(caplog):
+    caplog.set_level(logging.INFO, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        base = plan(session, model())
+        CountingProvider.passes = 0
+        wider = torch.nn.Sequential(ScaleLayer(1024), ScaleLayer(2048))
+        changed_model = plan(session, wider)
+        changed_limits = plan(session, model(), EngineLimits(max_num_tokens=48, max_batch_size=8,
+                                                             cuda_graph_batch_sizes=(1, 8)))
+        assert CountingProvider.passes == 2
+        assert len({base.saved_plan, changed_model.saved_plan, changed_limits.saved_plan}) == 3
+        assert any("differs in limits" in r.getMessage() and "max_num_tokens=48" in r.getMessage()
+                   for r in caplog.records)
+        assert any("differs in model changed" in r.getMessage() for r in caplog.records)
+    finally:
+        session.close()
+
+
+def _library(root, version: str) -> None:
+    """An installed distribution ``tests_plan_lib`` of that version (a package and its dist-info)."""
+    package = root / "tests_plan_lib"
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+    for old in root.glob("tests_plan_lib-*.dist-info"):
+        shutil.rmtree(old)
+    info = root / f"tests_plan_lib-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tests_plan_lib\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("tests_plan_lib\n")
+    (info / "RECORD").write_text(f"tests_plan_lib/__init__.py,,0\ntests_plan_lib-{version}.dist-info/METADATA,,\n")
+
+
+class LibraryProvider(CountingProvider):
+    name = "test-library"
+    library = "tests_plan_lib"
+
+
+def _new_process_view() -> None:
+    """What a new process would see: distributions are read once per process, and this test upgrades
+    one between two starts in the same process."""
+    plan_cache._distributions_by_package.cache_clear()
+    plan_cache.distribution_digest.cache_clear()
+
+
+def test_a_changed_library_version_plans_again(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="jit_ahead")
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    _library(root, "1.0")
+    _new_process_view()
+    session = start(workers=0)
+    try:
+        first = plan(session, model(), provider=LibraryProvider())
+        CountingProvider.passes = 0
+        same = plan(session, model(), provider=LibraryProvider())
+        assert CountingProvider.passes == 0 and same.saved_plan == first.saved_plan
+        _library(root, "1.1")
+        _new_process_view()
+        upgraded = plan(session, model(), provider=LibraryProvider())
+        assert CountingProvider.passes == 1 and upgraded.saved_plan != first.saved_plan
+        assert any("differs in libraries" in r.getMessage() and "1.1" in r.getMessage() for r in caplog.records)
+    finally:
+        session.close()
+        _new_process_view()
+
+
+def test_a_corrupt_plan_is_replanned_and_an_unsafe_folder_is_refused(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        first = plan(session, model())
+        with open(first.saved_plan, "w") as f:
+            f.write('{"jit_ahead_plan": 1, "key": \n')  # torn mid-write by hand
+        CountingProvider.passes = 0
+        again = plan(session, model())
+        assert CountingProvider.passes == 1 and again.variants == first.variants
+        assert any("is unusable" in r.getMessage() and "planning again" in r.getMessage() for r in caplog.records)
+    finally:
+        session.close()
+    unsafe = tmp_path / "shared-plans"
+    unsafe.mkdir()
+    unsafe.chmod(0o777)
+    monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(unsafe))
+    session = start(workers=0)
+    try:
+        run = plan(session, model())
+        assert run.saved_plan is None and run.variants[Priority.BACKGROUND] > 0 and not list(unsafe.iterdir())
+        assert any("writable by group or others" in r.getMessage() for r in caplog.records)
+    finally:
+        session.close()

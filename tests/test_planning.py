@@ -1,0 +1,182 @@
+"""Enumeration in planner processes forked from the server: off the server's threads, the same plan as in
+a thread, and what happens when a planner dies, hangs, or serving starts before planning is done."""
+import logging
+import os
+import signal
+import time
+
+import psutil
+
+from jit_ahead.core import planners
+from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.priority import Priority
+from jit_ahead.providers import PlannedLaunch
+
+from .layers import FileGate, ScaleProvider, model
+
+LIMITS = EngineLimits(max_num_tokens=96, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+
+
+class WhereProvider(ScaleProvider):
+    """ScaleProvider whose launches append the pid of the process running them to a file."""
+
+    name = "test-where"
+
+    def __init__(self, path) -> None:
+        super().__init__()
+        self.path = path
+
+    def launches(self, layers, limits):
+        for launch in super().launches(layers, limits):
+            yield PlannedLaunch(launch.priority, lambda run=launch.run: (self._note(), run()), launch.label)
+
+    def _note(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class FaultProvider(ScaleProvider):
+    """The launch labelled ``victim`` does ``fault(os.getpid())`` the first time it runs (``once`` is a
+    file, so a planner forked later sees it done), in a planner only."""
+
+    name = "test-fault"
+
+    def __init__(self, victim: str, fault, once) -> None:
+        super().__init__()
+        self.victim, self.fault, self.once = victim, fault, once
+
+    def launches(self, layers, limits):
+        for launch in super().launches(layers, limits):
+            if launch.label == self.victim:
+                yield PlannedLaunch(launch.priority, lambda run=launch.run: (self._strike(), run()), launch.label)
+            else:
+                yield launch
+
+    def _strike(self) -> None:
+        if planners.in_planner() and not self.once.exists():
+            self.once.touch()
+            self.fault(os.getpid())
+
+
+def _keys(run) -> set[str]:
+    return {t.key for t in run.tickets}
+
+
+def test_planners_run_every_launch_off_the_server_and_find_what_a_thread_finds(session_factory, tmp_path, monkeypatch):
+    where = tmp_path / "pids"
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "2")
+    session = session_factory(workers=0)
+    forked = session.plan_model(model(), LIMITS, [WhereProvider(where)])
+    assert forked.wait(300) and not forked.errors
+    pids = set(map(int, where.read_text().split()))
+    assert os.getpid() not in pids and len(pids) == 2  # two planners, none of it in this process
+    assert len(where.read_text().split()) == forked.launches
+
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "0")
+    monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(tmp_path / "plans-thread"))
+    threaded = session_factory(workers=0).plan_model(model(), LIMITS, [WhereProvider(tmp_path / "pids-thread")])
+    assert threaded.wait(300)
+    assert set(map(int, (tmp_path / "pids-thread").read_text().split())) == {os.getpid()}
+    assert forked.variants == threaded.variants and _keys(forked) == _keys(threaded)
+
+
+def test_a_planner_killed_mid_launch_is_replaced_and_its_launch_reported(session_factory, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "1")
+    victim = "1024x40"
+    kill = FaultProvider(victim, lambda pid: os.kill(pid, signal.SIGKILL), tmp_path / "struck")
+    run = session_factory(workers=0).plan_model(model(), LIMITS, [kill])
+    assert run.wait(300) and (tmp_path / "struck").exists()
+    assert [e for e in run.errors if victim in e and "PlannerDied" in e and "SIGKILL" in e]
+    assert any("was killed by SIGKILL in launch 1024x40" in r.getMessage() for r in caplog.records)
+    # Everything else was planned: the same variants as without the fault, but those only the victim made.
+    monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(tmp_path / "plans-clean"))
+    clean = session_factory(workers=0).plan_model(model(), LIMITS, [ScaleProvider()])
+    assert clean.wait(300)
+    assert _keys(run) <= _keys(clean) and len(_keys(clean) - _keys(run)) <= 1
+
+
+def test_a_hung_planner_is_killed_after_the_stall_limit_and_planning_goes_on(session_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "1")
+    monkeypatch.setattr(planners, "STALL_S", 2.0)
+    victim = "1000x17"
+    stop = FaultProvider(victim, lambda pid: os.kill(pid, signal.SIGSTOP), tmp_path / "struck")
+    t0 = time.monotonic()
+    run = session_factory(workers=0).plan_model(model(), LIMITS, [stop])
+    assert run.wait(120)
+    assert time.monotonic() - t0 < 60
+    assert [e for e in run.errors if victim in e and "PlannerDied" in e]
+    assert run.variants[Priority.BACKGROUND] > 0
+
+
+class GatedProvider(ScaleProvider):
+    """Its first BACKGROUND launch waits for a file gate: planning still runs when serving starts."""
+
+    name = "test-gated"
+
+    def __init__(self, gate) -> None:
+        super().__init__()
+        self.launch_gate = gate
+
+    def launches(self, layers, limits):
+        blocked = False
+        for launch in super().launches(layers, limits):
+            if launch.priority == Priority.BACKGROUND and not blocked:
+                blocked = True
+                yield PlannedLaunch(launch.priority, lambda run=launch.run: (self.launch_gate.wait(120), run()),
+                                    launch.label)
+            else:
+                yield launch
+
+
+def test_planners_finish_the_plan_after_serving_started(session_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "1")
+    session = session_factory(workers=0)
+    gate = FileGate(tmp_path / "gate")
+    run = session.plan_model(model(), LIMITS, [GatedProvider(gate)])
+    assert session.wait_planned(timeout=120)  # WARMUP is queued; the planner waits at the gate
+    session.mark_serving()
+    gate.set()
+    assert run.wait(120) and not run.errors and run.launches_lost == 0
+    assert run.variants[Priority.BACKGROUND] > 0
+
+
+def test_planning_in_the_servers_thread_stops_when_serving_starts(session_factory, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "0")
+    session = session_factory(workers=0)
+    gate = FileGate(tmp_path / "gate")
+    run = session.plan_model(model(), LIMITS, [GatedProvider(gate)])
+    assert session.wait_planned(timeout=120)
+    session.mark_serving()
+    gate.set()  # the gated launch ends; the next one is not run on the server's thread
+    assert run.wait(120)
+    assert run.launches_lost > 0 and any("not planned" in e and "serving started" in e for e in run.errors)
+    assert any("not planned" in r.getMessage() for r in caplog.records)
+
+
+def test_closing_the_session_kills_its_planners_at_once(session_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "2")
+    session = session_factory(workers=0)
+    gate = FileGate(tmp_path / "gate")  # never opened
+    run = session.plan_model(model(), LIMITS, [GatedProvider(gate)])
+    assert session.wait_planned(timeout=120)
+    children = psutil.Process().children(recursive=True)
+    assert len(children) >= 2
+    t0 = time.monotonic()
+    session.close()
+    assert time.monotonic() - t0 < 2.0
+    assert run.done
+    gone, alive = psutil.wait_procs(children, timeout=2)
+    assert not alive
+
+
+def test_a_launch_list_is_sharded_over_planners_by_stride():
+    groups = [planners.LaunchGroup(Priority.WARMUP, "triton", list(range(5))),
+              planners.LaunchGroup(Priority.BACKGROUND, "triton", list(range(7)))]
+    shards = [list(planners._positions(groups, planners.Position(0, 0), k, 3)) for k in range(3)]
+    every = sorted((p.group, p.item) for shard in shards for p in shard)
+    assert every == [(0, j) for j in range(5)] + [(1, j) for j in range(7)]
+    # resuming after a launch keeps the shard's stride
+    resumed = list(planners._positions(groups, planners.Position(1, 2), 1, 3))
+    assert [(p.group, p.item) for p in resumed] == [(1, 4)]
