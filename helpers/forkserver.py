@@ -112,7 +112,13 @@ def _fork(control: _Control, builder, prepared: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    worker.set_up_logging()
+    return serve(int(argv[1]))
+
+
+def serve(fd: int, forked_from_server: bool = False) -> int:
+    """The fork server's loop on control socket ``fd``; ``forked_from_server``: this process is a fork of
+    the server (jit_ahead.core.forkserver), which already has the builder and the libraries imported."""
+    worker.set_up_logging(force=forked_from_server)
     # An import can keep the loop below from checking its parent for seconds: the kernel ends the fork
     # server when the pool's spawner thread (or the whole server) ends, and its helpers with it.
     processes.die_with_parent()
@@ -120,13 +126,14 @@ def main(argv: list[str]) -> int:
     parent = os.getppid()
     if parent == 1:
         return 0  # the server ended before the signal was armed
-    control = _Control(int(argv[1]))
+    control = _Control(fd)
     config = control.receive()
     if not isinstance(config, Configure):
         log.error("expected Configure first, got %r", type(config).__name__)
         return 2
     t0 = time.perf_counter()
-    builder, prepared = worker.configure(config)
+    builder, prepared = worker.configure(config, pinned=forked_from_server)
+    prepared = {**prepared, "forked_from_server": forked_from_server}
     control.send(Ready(os.getpid(), time.perf_counter() - t0, {**worker.describe_self(), **prepared}))
     while True:
         readable, _, _ = select.select([control.sock], [], [], _POLL_S)

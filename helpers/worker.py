@@ -15,7 +15,7 @@ import time
 import traceback
 
 from jit_ahead.core import device_view, processes
-from jit_ahead.core.helper_env import is_scrubbed
+from jit_ahead.core.helper_env import SINGLE_THREADED, is_scrubbed
 from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
 from jit_ahead.core.requests import BuildResult
@@ -53,6 +53,7 @@ def describe_self() -> dict:
     view = device_view.installed()
     return {"nice": os.nice(0), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "launcher_vars": sorted(k for k in os.environ if is_scrubbed(k)),
+            "thread_pools": {k: os.environ.get(k) for k in SINGLE_THREADED},
             "device_view": view.name if view else None}
 
 
@@ -73,13 +74,14 @@ def set_up_logging(force: bool = False) -> None:
                         format=f"[jit_ahead helper {os.getpid()}] %(levelname)s %(name)s: %(message)s")
 
 
-def configure(config: Configure):
+def configure(config: Configure, pinned: bool = False):
     """Take on the server's import path and GPU view, import the family's builder and warm it up.
+    ``pinned``: this process is a fork of the server, whose GPU it must not touch: the view is pinned.
     Returns the builder module and what Ready reports."""
     sys.path[:] = list(config.sys_path)
     processes.compilers_die_with_this_process()  # a killed helper leaves no ptxas or gcc behind
     if config.device_view is not None:  # before any kernel library is imported: they read it at import
-        device_view.install(config.device_view)
+        (device_view.pin if pinned else device_view.install)(config.device_view)
     builder = importlib.import_module(config.builder)
     return builder, builder.prepare(config.device_view) or {}
 

@@ -33,8 +33,10 @@ def test_fla_builds_match_only_when_helpers_see_the_server_gpu(triton_cache, sho
         workload.run(*workload.make_inputs("meta", 0))
     stats, events = Stats(), []
     stats.subscribe(events.append)
+    # a fork server of its own interpreter, which imports fla itself (a fork of this process has it
+    # imported with this process's view of the GPU already)
     pool = HelperPool(SPEC, workers=1, stats=stats, env_overrides={"TRITON_CACHE_DIR": str(triton_cache)},
-                      device_view=device_view.current() if shown else None)
+                      device_view=device_view.current() if shown else None, start_mode="fork")
     pool.start()
     try:
         results = wait_all([pool.submit(r.build_request(), Priority.URGENT) for r in planned.requests])

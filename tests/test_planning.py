@@ -180,3 +180,31 @@ def test_a_launch_list_is_sharded_over_planners_by_stride():
     # resuming after a launch keeps the shard's stride
     resumed = list(planners._positions(groups, planners.Position(1, 2), 1, 3))
     assert [(p.group, p.item) for p in resumed] == [(1, 4)]
+
+
+def test_the_guard_says_whether_planning_had_finished_and_names_planned_variants_not_built_yet(
+        session_factory, tmp_path, monkeypatch, caplog):
+    import torch
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "1")
+    session = session_factory(workers=0)  # nothing is built ahead: planned variants stay queued
+    gate = FileGate(tmp_path / "gate")
+    layer = model()[0]
+    run = session.plan_model(model(), LIMITS, [GatedProvider(gate)])
+    assert session.wait_planned(timeout=120)
+    session.mark_serving()
+
+    def messages() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        return lines
+
+    layer(torch.empty(5, layer.hidden, device="meta", dtype=torch.float32))  # a dtype the limits do not name
+    assert any("was not planned" in m and "planning was still running" in m for m in messages())
+    layer(torch.empty(1, layer.hidden, device="meta", dtype=torch.bfloat16))  # planned WARMUP, never built
+    assert any("was planned but is still queued (WARMUP" in m for m in messages())
+    gate.set()
+    assert run.wait(120)
+    layer(torch.empty(5, layer.hidden, device="meta", dtype=torch.float16))
+    assert any("was not planned" in m and "planning had finished" in m for m in messages())

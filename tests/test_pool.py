@@ -120,7 +120,8 @@ def test_a_request_that_kills_helpers_twice_is_quarantined(triton_cache, pools, 
         crasher.crash_kernel[(1,)](x, BLOCK=64)
     (deadly,) = planned.requests
     (good,) = add_requests([128])
-    pool = make_pool(triton_cache, backoff_initial=0.05)
+    # a fork server of its own interpreter: a fork of this process has the module imported already
+    pool = make_pool(triton_cache, backoff_initial=0.05, start_mode="fork")
     pools.append(pool)
     pool.preload([deadly.module])  # the first helper dies preloading it; it is not preloaded again
     bad_ticket = pool.submit(deadly.build_request(), Priority.URGENT)
@@ -146,8 +147,8 @@ def test_helpers_are_isolated_niced_and_use_pipes_only(triton_cache, pools, monk
     info = ready[-1]["info"]
     assert info["nice"] == 19 and info["cuda_visible_devices"] == "" and info["launcher_vars"] == []
     assert info["cache_dir"] == str(triton_cache) and os.path.isabs(info["cache_dir"])
+    assert info["thread_pools"] == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     helper = psutil.Process(pool.helper_pids()["helper-0"])
-    assert helper.environ()["OMP_NUM_THREADS"] == "1"
     assert helper.net_connections(kind="inet") == [] and helper.net_connections(kind="unix") == []
     assert helper.cmdline()[0] == psutil.Process().exe() or helper.exe() == psutil.Process().exe()
     pool.close()
@@ -183,7 +184,7 @@ def test_default_workers_share_the_cpus_among_local_ranks(monkeypatch):
 def test_a_helper_that_cannot_start_is_reported(triton_cache, pools, caplog):
     caplog.set_level(logging.ERROR, logger="jit_ahead")
     pool = make_pool(triton_cache, python="/bin/false", backoff_initial=0.01, max_start_failures=2,
-                     start_timeout=5)
+                     start_timeout=5, start_mode="spawn")
     pools.append(pool)
     pool.submit(add_requests([256])[0].build_request(), Priority.BACKGROUND)  # helpers start for queued work
     pool.start()
@@ -288,3 +289,23 @@ def test_a_helper_whose_server_is_gone_stops_quietly():
     os.close(outbox_r)
     with os.fdopen(inbox_r, "rb", buffering=0) as inbox, os.fdopen(outbox_w, "wb", buffering=0) as outbox:
         assert worker.serve(inbox, outbox, builder=None) == 0
+
+
+def test_by_default_the_fork_server_is_a_fork_of_this_process_and_a_fresh_one_once_serving(triton_cache, pools):
+    pool = make_pool(triton_cache, workers=1)
+    pools.append(pool)
+    pool.start()
+    (first, second) = add_requests([16, 32])
+    assert pool.submit(first.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
+    (server,) = [e for e in pool.events if e["event"] == "forkserver_ready"]
+    assert server["info"]["forked_from_server"] is True and server["info"]["nice"] == 19
+    assert psutil.Process(server["pid"]).ppid() == os.getpid()
+    # it has what this process imported: the kernels' module needed no import of its own
+    (preloaded,) = [e for e in pool.events if e["event"] == "forkserver_preloaded"]
+    assert preloaded["seconds"] < 0.5
+    # once serving started, a new fork server is a fresh interpreter: no fork of the serving process
+    pool.retire_when_idle()
+    psutil.Process(server["pid"]).kill()
+    assert pool.submit(second.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
+    later = [e for e in pool.events if e["event"] == "forkserver_ready"][1:]
+    assert later and later[0]["info"]["forked_from_server"] is False

@@ -1,12 +1,19 @@
 """The pool's side of the fork server (``jit_ahead_helpers.forkserver``).
 
-One helper-like process imports the builder and the kernel libraries once; every helper is then forked
+One helper-like process has the builder and the kernel libraries imported; every helper is then forked
 from it, ready in milliseconds, instead of fifteen interpreters importing torch and a kernel library
-while the server loads its model. The pool still talks to each helper over its own two pipes, exactly
-as with a spawned one; only starting, waiting and killing go through ``ForkedProcess``.
+while the server loads its model. By default the fork server is itself a fork of the server, made
+before serving starts: it has everything the server imported (the kernel libraries planning ran), so
+the first build starts at once instead of after seconds of imports. It touches nothing of the
+server's: no GPU (the device view is pinned), none of its descriptors, threads or signal handlers.
+Otherwise (``JIT_AHEAD_HELPER_START=fork``, after serving started, or if that fork failed) it is a
+fresh interpreter that imports what helpers need. The pool still talks to each helper over its own two
+pipes, exactly as with a spawned one; only starting, waiting and killing go through ``ForkedProcess``.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import queue
@@ -15,11 +22,13 @@ import socket
 import subprocess
 import threading
 import time
+import traceback
+import warnings
 
 import psutil
 
 from .helper_env import start_helper_process
-from .processes import Spawner, end_tree
+from .processes import Spawner, detach_descriptors, die_with_parent, end_tree, reset_signals, single_threaded_torch
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
 
@@ -77,12 +86,77 @@ def _pid_running(pid: int) -> bool:
         return True
 
 
+class ForkedChild:
+    """A process forked from this one without exec (the fork server made from the server): the part of
+    ``subprocess.Popen`` the pool uses. This process reaps it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost
+                self.returncode = -signal.SIGKILL
+            else:
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _fork_from_server(fd: int, env: dict[str, str]) -> int:
+    """Fork this process into a fork server on socket ``fd``; returns its pid. Runs on the pool's
+    spawner thread, so the child's parent-death signal follows that thread (and the server)."""
+    with warnings.catch_warnings():  # Python 3.12 warns whenever other threads exist: the child runs none
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        detach_descriptors(keep=(fd,))
+        os.dup2(2, 1)  # helpers print to stderr, never to the server's stdout (as spawned ones do)
+        die_with_parent()
+        reset_signals()
+        gc.freeze()  # the server's objects stay where they are: no collection pass copies their pages
+        single_threaded_torch()
+        os.environ.clear()
+        os.environ.update(env)
+        from jit_ahead_helpers import forkserver
+
+        code = forkserver.serve(fd, forked_from_server=True)
+    except BaseException:  # noqa: BLE001 - it must never return into the server's code
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 class ForkServer:
-    """Start with ``start()``; ``preload()`` and ``fork()`` may be called from any slot thread."""
+    """Start with ``start()``; ``preload()`` and ``fork()`` may be called from any slot thread.
+    ``from_server``: the fork server is a fork of this process, else a fresh interpreter."""
 
     def __init__(self, *, python: str, env: dict[str, str], start_timeout: float, build_timeout: float,
-                 spawner: Spawner | None = None) -> None:
+                 spawner: Spawner | None = None, from_server: bool = False) -> None:
         self._spawner = spawner or Spawner("jit_ahead-forkserver-spawner")
+        self.from_server = from_server
         self._python = python
         self._env = env
         self._start_timeout = start_timeout
@@ -109,8 +183,11 @@ class ForkServer:
     def start(self, config: Configure) -> Ready:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = self._spawner.run(start_helper_process, self._python, FORKSERVER_ENTRY, (theirs.fileno(),),
-                                           self._env)
+            if self.from_server:
+                self._proc = ForkedChild(self._spawner.run(_fork_from_server, theirs.fileno(), self._env))
+            else:
+                self._proc = self._spawner.run(start_helper_process, self._python, FORKSERVER_ENTRY,
+                                               (theirs.fileno(),), self._env)
         except OSError as exc:
             ours.close()
             raise ForkServerGone(f"could not be started ({exc})") from exc

@@ -15,7 +15,7 @@ _SCRUBBED_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "UCX_", "I_MPI_", "MPI
 _SCRUBBED_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                              "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "PMI_FD", "PMI_RANK", "PMI_SIZE"})
 _HIDDEN_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-_SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 # Set in every helper: the start-up switch must never start a pool inside a helper.
 HELPER_MARKER = "JIT_AHEAD_HELPER"
@@ -39,7 +39,7 @@ def helper_environment(base: Mapping[str, str], overrides: Mapping[str, str]) ->
         env[name] = ""
     # Helpers compile single-threaded; a library that runs a torch op at import would otherwise start a
     # thread pool per CPU in each helper (and in the fork server, whose forks then hold a stale pool).
-    for name in _SINGLE_THREADED:
+    for name in SINGLE_THREADED:
         env[name] = "1"
     env["JIT_AHEAD"] = "0"
     env[HELPER_MARKER] = "1"

@@ -123,13 +123,15 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return raw
 
 
-HELPER_START_MODES = ("fork", "spawn")
+HELPER_START_MODES = ("server", "fork", "spawn")
 
 
 def helper_start_mode() -> str:
-    """JIT_AHEAD_HELPER_START: ``fork`` (default) starts one fork server that imports Triton and the kernel
-    libraries once and forks every helper from it; ``spawn`` starts each helper as its own interpreter."""
-    return env_choice("JIT_AHEAD_HELPER_START", HELPER_START_MODES, "fork")
+    """JIT_AHEAD_HELPER_START: ``server`` (default) forks every helper from a fork server that is itself
+    a fork of the server made before serving (the kernel libraries it imported are there, so the first
+    build starts at once); ``fork`` makes that fork server a fresh interpreter that imports them once;
+    ``spawn`` starts each helper as its own interpreter."""
+    return env_choice("JIT_AHEAD_HELPER_START", HELPER_START_MODES, "server")
 
 
 GUARD_MODES = ("off", "warn", "error")

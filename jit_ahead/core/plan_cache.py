@@ -110,26 +110,48 @@ def code_identity(model) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _distributions_by_package() -> dict:
-    return importlib.metadata.packages_distributions()
-
-
 @functools.lru_cache(maxsize=64)
 def distribution_digest(package: str) -> list:
-    """The distributions that install ``package``: name, version, and a digest of their RECORD (pip
-    writes each installed file's hash there), or of the package's files where there is none."""
+    """The distributions that install ``package`` beside it: name, version, and a digest of their RECORD
+    (pip writes each installed file's hash there), or of the package's files where there is none. Only
+    the dist-info folders next to the package are read (importlib's full scan of every distribution
+    costs a start hundreds of milliseconds)."""
     out = []
-    for dist_name in sorted(set(_distributions_by_package().get(package, ()))):
-        try:
-            dist = importlib.metadata.distribution(dist_name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        record = dist.read_text("RECORD") or ""
-        out.append([dist_name, dist.version, hashlib.sha256(record.encode()).hexdigest()[:16]])
+    for info in _dist_infos(package):
+        record = (info / "RECORD").read_text(errors="replace") if (info / "RECORD").exists() else ""
+        metadata = importlib.metadata.PathDistribution(info).metadata
+        out.append([metadata.get("Name", info.name), metadata.get("Version", "?"),
+                    hashlib.sha256(record.encode()).hexdigest()[:16]])
     if not out:  # a package on sys.path only (a source checkout): its files, by size and time
         out.append(["(no distribution)", _tree_digest(package)])
-    return out
+    return sorted(out)
+
+
+def _dist_infos(package: str) -> list[Path]:
+    """The ``*.dist-info`` folders beside ``package`` that name it (top_level.txt, else RECORD)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)  # finds it without importing it
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    locations = list(spec.submodule_search_locations or []) or ([os.path.dirname(spec.origin)] if spec.origin else [])
+    found = []
+    for root in {Path(location).parent for location in locations}:
+        for info in sorted(root.glob("*.dist-info")):
+            try:
+                top = info / "top_level.txt"
+                if top.exists():
+                    names = top.read_text().split()
+                else:
+                    names = {line.split("/", 1)[0] for line in (info / "RECORD").read_text(errors="replace").splitlines()}
+            except OSError:
+                continue
+            if package in names:
+                found.append(info)
+    return found
 
 
 def _tree_digest(package: str) -> str | None:

@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .priority import Priority
-from .processes import detach_descriptors, die_with_parent, end_tree, lower_priority
+from .processes import (detach_descriptors, die_with_parent, end_tree, lower_priority, reset_signals,
+                        single_threaded_torch)
 from .protocol import ProtocolError, read_message, write_message
 
 log = logging.getLogger("jit_ahead.planning")
@@ -220,16 +221,6 @@ def run_in_thread(groups: Sequence[LaunchGroup], families: dict, sink: Sink, sta
 
 
 # -- in a planner process ----------------------------------------------------------------------------------
-def _reset_signals() -> None:
-    """The server's signal handlers are not the planner's: a terminal's Ctrl-C reaches the whole process
-    group, and the server decides what it means; the planner dies with its parent anyway."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, signal.SIG_DFL)
-    with contextlib.suppress(OSError, ValueError):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _planner_main(groups: Sequence[LaunchGroup], families: dict, start: Position, offset: int, stride: int,
                   out_fd: int, progress: mmap.mmap, slot: int, enter: Callable[[], None]) -> None:
     t0 = time.perf_counter()
@@ -265,8 +256,9 @@ def _fork_planner(groups, families, start: Position, offset: int, stride: int, p
             os.close(read_fd)
             detach_descriptors(keep=(write_fd,))
             die_with_parent()
-            _reset_signals()
+            reset_signals()
             gc.freeze()  # the server's objects stay where they are: no collection pass copies their pages
+            single_threaded_torch()
             lower_priority()
             _planner_main(groups, families, start, offset, stride, write_fd, progress, slot, enter)
         except BaseException:  # noqa: BLE001 - a planner must never return into the server's code

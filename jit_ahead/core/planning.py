@@ -67,6 +67,7 @@ class PlanningRun(Sink):
         self._lock_timeout = lock_timeout
         self._result = SavedPlan()  # what this run found, to be saved
         self.saved_plan: str | None = None  # the saved plan read instead of planning, or the one written
+        self.read_saved = False  # True when planning was a saved plan, read
         self._thread = threading.Thread(target=self._run, name="jit_ahead-planning", daemon=True)
 
     def start(self) -> "PlanningRun":
@@ -189,6 +190,7 @@ class PlanningRun(Sink):
     def _use(self, saved: SavedPlan, parts: dict) -> None:
         """Queue a saved plan as planning would have: by priority, what is not on disk yet."""
         self.saved_plan = str(self._store.path(parts))
+        self.read_saved = True
         self.launches = saved.launches
         queued = 0
         for name, entries in saved.requests.items():

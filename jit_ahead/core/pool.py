@@ -138,7 +138,9 @@ class HelperPool:
     """Helpers for one family plus its request table.
 
     ``workers=0`` starts no helpers: requests stay queued and every miss builds in place.
-    ``start_mode="fork"`` forks helpers from one fork server that imports everything once;
+    ``start_mode="server"`` forks helpers from one fork server that is a fork of this process, made
+    before serving starts (everything the server imported is there already); ``"fork"`` from a fork
+    server started as a fresh interpreter that imports everything once (also after serving started);
     ``"spawn"`` starts each helper as its own interpreter (also the fallback if the fork server fails).
     """
 
@@ -147,9 +149,9 @@ class HelperPool:
                  python: str = sys.executable,
                  build_timeout: float = 600.0, start_timeout: float = 120.0, quarantine_after: int = 2,
                  backoff_initial: float = 0.5, backoff_max: float = 30.0, max_start_failures: int = 5,
-                 start_mode: str = "fork", serving_workers: int | None = None) -> None:
-        if start_mode not in ("fork", "spawn"):
-            raise ValueError(f"start_mode must be 'fork' or 'spawn', not {start_mode!r}")
+                 start_mode: str = "server", serving_workers: int | None = None) -> None:
+        if start_mode not in ("server", "fork", "spawn"):
+            raise ValueError(f"start_mode must be 'server', 'fork' or 'spawn', not {start_mode!r}")
         self.family = family
         self.workers = workers
         # Helpers that keep building once serving starts: beside a busy executor, a full set of helpers
@@ -178,7 +180,8 @@ class HelperPool:
         self._preload: list[str] = []
         self._bad_preloads: set[str] = set()
         self._job_ids = itertools.count(1)
-        self._forking = start_mode == "fork" and hasattr(os, "fork")
+        self._forking = start_mode in ("server", "fork") and hasattr(os, "fork")
+        self._fork_from_server = start_mode == "server"  # off after serving starts, or if it failed
         self._forkserver: ForkServer | None = None
         self._forkserver_lock = threading.Lock()  # held while it starts or imports
         self._forkserver_preloaded = 0  # how many of self._preload the fork server has imported
@@ -468,10 +471,7 @@ class HelperPool:
             server = None
         if server is None:
             self._forkserver_preloaded = 0  # a new fork server imports every (good) preload module again
-            server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
-                                build_timeout=self._build_timeout, spawner=self._spawner)
-            t0 = time.perf_counter()
-            ready = server.start(self._configure_message())
+            server, ready, t0 = self._start_forkserver()
             self.stats.emit("forkserver_ready", family=self.family.name, helper="forkserver", pid=ready.pid,
                             seconds=time.perf_counter() - t0, info=ready.info)
             with self._lock:
@@ -500,6 +500,27 @@ class HelperPool:
             self._report_preload("forkserver", new, reply, t0, event="forkserver_preloaded")
         self._forkserver_preloaded = upto
         return server
+
+    def _start_forkserver(self) -> tuple[ForkServer, object, float]:
+        """A fork of this process while serving has not started (a fork then copies the serving
+        process's page tables with its GIL held), else, or if that fails, a fresh interpreter. Called
+        with _forkserver_lock held; raises ForkServerGone."""
+        from_server = self._fork_from_server and not self._retire.is_set()
+        server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
+                            build_timeout=self._build_timeout, spawner=self._spawner, from_server=from_server)
+        t0 = time.perf_counter()
+        try:
+            return server, server.start(self._configure_message()), t0
+        except ForkServerGone as exc:
+            if not from_server:
+                raise
+            self._fork_from_server = False
+            log.warning("%s: a fork of this process could not become the fork server (%s); a fresh "
+                        "interpreter takes its place", self.family.name, exc)
+        server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
+                            build_timeout=self._build_timeout, spawner=self._spawner)
+        t0 = time.perf_counter()
+        return server, server.start(self._configure_message()), t0
 
     def _forkserver_died(self, server: ForkServer) -> None:
         """Count a fork server's death and forget it (its helpers run on; new ones come from a new fork

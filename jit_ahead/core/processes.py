@@ -68,6 +68,30 @@ def detach_descriptors(keep: tuple[int, ...] = ()) -> None:
         os.close(null)
 
 
+def reset_signals() -> None:
+    """In a process forked from the server: the server's signal handlers are not its own. A terminal's
+    Ctrl-C reaches the whole process group, and the server decides what it means; the child dies with
+    the server anyway."""
+    import contextlib
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def single_threaded_torch() -> None:
+    """In a process forked from the server: torch's CPU thread pools sized for the server (one thread per
+    CPU, spinning between ops) would make every planner compete with every other for all CPUs."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(1)
+        except RuntimeError:
+            pass
+
+
 def _arm_compiler_child() -> None:  # runs between fork and exec in a compiler the helper starts
     die_with_parent(signal.SIGKILL)
 

@@ -117,6 +117,7 @@ def prepare(view=None) -> dict:
     """Import the DSL and compute its fingerprint before saying ready."""
     if view is not None and view.triton_target[0] == "cuda":
         os.environ.setdefault(ARCH_VAR, arch_of(view))
+    library_cache.set_recorder(None)  # in a fork of the server: its builds are no calls to record
     t0 = time.perf_counter()
     version = dsl_version()
     return {"cute_dsl": version[:12], "cache_dir": str(cache_root()),

@@ -106,6 +106,10 @@ def prepare(view: DeviceView | None = None) -> dict:
 
     if view is not None:
         install_stand_in(view)
+    # A helper only compiles: in a fork of the server, its executor hook and compilation listener would
+    # report this process's compiles as the server's.
+    knobs.runtime.jit_cache_hook = None
+    knobs.compilation.listener = None
     t0 = time.perf_counter()
     triton_key()
     make_backend(triton.runtime.driver.active.get_current_target() if view else GPUTarget("cuda", 90, 32)).hash()

@@ -46,6 +46,8 @@ class TritonExecutor:
         # variant -> the autotuned launches (their variants, in config order) it was planned in
         self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
         self.recorder = None  # called with each variant this process launches for the first time
+        # what the guard says of planning: set by the session (True once every planning run finished)
+        self.planning_finished = lambda: True
 
     def note_planned(self, requests, source: str = "plan") -> None:
         """Remember planned (or recorded: ``source="record"``) variants, to name what differs when an
@@ -72,14 +74,11 @@ class TritonExecutor:
         _, diff = nearest(request.specialization_data, planned)
         return "nearest planned variant differs in " + "; ".join(diff) if diff else "it was planned"
 
-    def _building_ahead(self, request) -> bool:
-        """Planned and queued or in a helper: the launch waits for it (or helps), as during warmup."""
-        ticket = self.pool.table.get(request.predicted_hash)
-        return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
-
     def _guard(self, request) -> None:
+        planning = ("planning had finished" if self.planning_finished()
+                    else "planning was still running, so it may have come later")
         message = (f"{request.label} was not planned and needs a build after serving started (key "
-                   f"{request.predicted_hash[:16]}): {self.explain(request)}")
+                   f"{request.predicted_hash[:16]}; {planning}): {self.explain(request)}")
         self.pool.stats.emit("guard", family="triton", key=request.predicted_hash, label=request.label,
                              mode=self.guard, message=message)
         if self.guard == "error":
@@ -115,8 +114,15 @@ class TritonExecutor:
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
                        outcome="disk", seconds=time.perf_counter() - t0)
             return
-        if self.guard != "off" and stats.phase == "serving" and not self._building_ahead(request):
-            self._guard(request)
+        if self.guard != "off" and stats.phase == "serving":
+            ticket = self.pool.table.get(request.predicted_hash)
+            if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING):
+                # planned, not built yet: the launch waits for it (raised to URGENT) or builds it here
+                log.warning("%s was planned but is still %s (%s, %d queued ahead) when serving needs it",
+                            request.label, ticket.state.value, ticket.priority.name,
+                            self.pool.table.queued_ahead(ticket))
+            else:
+                self._guard(request)
         raised = self._raise_autotune_siblings(request)
         outcome, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
         with self._lock:

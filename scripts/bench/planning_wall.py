@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Wall time of planning a whole model within engine limits, by planner count, and of reading it back.
+
+Each run is a fresh process: build the model on meta, start a session without helpers (planning only),
+``plan_model`` with no saved plan, wait for every launch to be enumerated. Reports wall seconds, the CPU
+seconds of the server process and of its planners, launches and variants. Then one more process with the
+plan that run saved: the time ``plan_model`` takes to read it (no probe, no planner). Runs of the planner
+counts are interleaved when repeated.
+
+    python scripts/bench/planning_wall.py --out results/<date>-planning-wall [--models gated-deltanet,qwen3-liger]
+        [--limits 8192,16,4096] [--planners 1,2,4,8,15] [--repeat 1]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from first_build import tree, versions  # noqa: E402
+
+
+def one_run(model: str, limits: tuple[int, int, int]) -> dict:
+    from jit_ahead.triton.standin import ensure_driver
+
+    ensure_driver()
+    from jit_ahead import demo_models
+    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.session import Session
+
+    make = demo_models.fla_gated_deltanet if model == "gated-deltanet" else demo_models.liger_qwen3
+    net = make(device="meta", layers=4)
+    session = Session(triton={"workers": 0}).start()
+    tokens, batch, seq = limits
+    graphs = tuple(b for b in (1, 2, 4, 8, 16) if b <= batch)
+    before = os.times()
+    t0 = time.perf_counter()
+    run = session.plan_model(net, EngineLimits(tokens, batch, seq, cuda_graph_batch_sizes=graphs))
+    run.wait(3600)
+    wall = time.perf_counter() - t0
+    after = os.times()
+    session.close()
+    return {"model": model, "limits": list(limits), "planners": int(os.environ.get("JIT_AHEAD_PLANNERS", "0")),
+            "wall_s": round(wall, 2), "server_cpu_s": round(after.user - before.user + after.system - before.system, 2),
+            "planner_cpu_s": round(after.children_user - before.children_user
+                                   + after.children_system - before.children_system, 2),
+            "launches": run.launches, "variants": sum(run.variants.values()), "read_saved_plan": run.read_saved,
+            "errors": run.errors[:3]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--models", default="gated-deltanet,qwen3-liger")
+    parser.add_argument("--limits", default="8192,16,4096")
+    parser.add_argument("--planners", default="1,2,4,8,15")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    limits = tuple(int(v) for v in args.limits.split(","))
+    if args.one:
+        print("RUN " + json.dumps(one_run(args.models, limits)), flush=True)
+        return 0
+    if not args.out:
+        parser.error("--out is required")
+    runs = []
+
+    def launch(model: str, planners: str, plans: str) -> dict:
+        env = dict(os.environ, JIT_AHEAD_PLANNERS=planners, JIT_AHEAD_PLAN_DIR=plans)
+        proc = subprocess.run([sys.executable, __file__, "--one", "--models", model, "--limits", args.limits],
+                              env=env, capture_output=True, text=True, timeout=3600)
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("RUN ")), None)
+        return json.loads(line[4:]) if line else {"model": model, "planners": planners, "error": proc.stderr[-1500:]}
+
+    for model in args.models.split(","):
+        with tempfile.TemporaryDirectory() as scratch:
+            for index in range(args.repeat):
+                for planners in args.planners.split(","):
+                    plans = tempfile.mkdtemp(dir=scratch)
+                    result = dict(launch(model, planners, plans), run=index)
+                    runs.append(result)
+                    print(json.dumps(result), flush=True)
+            read = dict(launch(model, args.planners.split(",")[-1], plans), run="saved plan read")
+            runs.append(read)
+            print(json.dumps(read), flush=True)
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tree": tree(),
+              "versions": versions(), "command": " ".join(sys.argv), "runs": runs}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "planning_wall.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    lines = [f"# Planning a whole model within {args.limits} (tokens, batch, sequence) ({report['date']}, "
+             f"tree {report['tree']})", "",
+             f"`{report['command']}`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
+             "| model | planners | run | wall s | server CPU s | planners' CPU s | launches | variants |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['planners']} | {r.get('run')} | error: {r['error'][-120:]!r} | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['planners']} | {r['run']} | {r['wall_s']} | {r['server_cpu_s']} | "
+                     f"{r['planner_cpu_s']} | {r['launches']} | {r['variants']} |")
+    with open(os.path.join(args.out, "planning_wall.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Starts of an engine-style server at the limits engines use, with and without jit_ahead, cold and warm.
+
+For each model and limit set, arms in fresh processes, in this order:
+  jit-cold     empty Triton cache, no saved plan, an empty record folder: jit_ahead plans the model within the
+               limits (planners forked from the server), builds every variant in helpers, records
+  jit-warm     the cache, plan folder and records jit-cold left: what a restart costs with jit_ahead
+  plain-warm   the same cache, no jit_ahead: the lower bound
+  jit-replay   an empty Triton cache, with the plan folder and records of jit-cold (a second node of the
+               same deployment: the plan is read, autotune choices come from the records)
+  plain-cold   (only with --plain-cold) empty cache, no jit_ahead: what users get without it
+  busy-plain, busy-jit (with --busy N, after the other arms, alternating N times each): serving on the
+               warm cache while jit_ahead plans and builds another model in the background (BUSY_MODEL at
+               the large limits, no saved plan, none of its variants built), against the same serving
+               without jit_ahead: what background planning and builds cost a serving request
+Each arm does what an engine does: build the model on the GPU, (jit_ahead: start, plan_model, wait_ready
+for every planned variant), warm up (decode at the CUDA-graph batch sizes, one full-length prefill),
+mark serving, then serve REQUESTS requests drawn at random across the whole limits: batch 1..max, prompt
+up to the longest the batch allows (half of them long), 1..4 decode steps; every third request padded
+(prompts of random lengths with an attention mask). The shapes come from one seed drawn anew for each
+invocation (printed; --seed repeats a run) and are the same in every arm. Counted per phase: Triton
+compile() calls that compiled (executor compiles) and autotuner benchmark runs.
+
+    python scripts/gpu/engine_starts.py --out results/<date>-engine-starts [--sets engine,large]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+T0 = time.perf_counter()
+
+SETS = {"engine": dict(max_num_tokens=8192, max_batch_size=16, max_seq_len=4096),
+        "large": dict(max_num_tokens=16384, max_batch_size=32, max_seq_len=8192)}
+# the demo models (4 layers, as a user tried them) and configurations no test uses
+MODELS = {"qwen3-liger": dict(hidden=512, heads=8, kv_heads=4, head_dim=64),
+          "gated-deltanet": dict(hidden=512, heads=4, head_dim=64, expand_v=2.0),
+          "qwen3-liger-2048": dict(hidden=2048, heads=16, kv_heads=4, head_dim=128),
+          "gated-deltanet-1024": dict(hidden=1024, heads=8, head_dim=128, expand_v=1.0)}
+REQUESTS = 40
+BUSY_MODEL = ("gated-deltanet-1024", "large")
+
+
+def build(name: str, device: str):
+    import torch
+
+    settings = MODELS[name]
+    with torch.device(device):
+        if name.startswith("qwen3"):
+            from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+            from transformers import Qwen3Config, Qwen3ForCausalLM
+
+            apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True)
+            config = Qwen3Config(hidden_size=settings["hidden"], intermediate_size=settings["hidden"] * 3,
+                                 num_hidden_layers=4, num_attention_heads=settings["heads"],
+                                 num_key_value_heads=settings["kv_heads"], head_dim=settings["head_dim"],
+                                 vocab_size=4096, max_position_embeddings=32768)
+            model = Qwen3ForCausalLM(config)
+        else:
+            from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+            config = GatedDeltaNetConfig(hidden_size=settings["hidden"], num_hidden_layers=4,
+                                         num_heads=settings["heads"], head_dim=settings["head_dim"],
+                                         expand_v=settings["expand_v"], vocab_size=4096)
+            model = GatedDeltaNetForCausalLM(config)
+    return model.to(torch.bfloat16).eval()
+
+
+def request_mix(limits: dict, seed: int) -> list[tuple[int, int, int, bool]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(REQUESTS):
+        batch = rng.randint(1, limits["max_batch_size"])
+        longest = min(limits["max_seq_len"], limits["max_num_tokens"] // batch)
+        prompt = rng.randint(max(1, longest // 2), longest) if i % 2 else rng.randint(1, longest)
+        out.append((batch, prompt, rng.randint(1, 4), i % 3 == 2))
+    return out
+
+
+class HostBuildCounter:
+    """Counts gcc builds of host modules in this process (Triton 3.6's per-signature launcher), by phase:
+    work on the launching thread that no compilation listener sees."""
+
+    def __init__(self) -> None:
+        from triton.runtime import build
+
+        self.phase = "warmup"
+        self.builds = {"warmup": 0, "serving": 0}
+        original = build._build
+
+        def counted(*args, **kwargs):
+            self.builds[self.phase] += 1
+            return original(*args, **kwargs)
+
+        build._build = counted
+
+
+class AutotuneCounter:
+    """Counts autotuner benchmark runs (Autotuner._bench, one per config benchmarked) by phase."""
+
+    def __init__(self) -> None:
+        from triton.runtime.autotuner import Autotuner
+
+        self.phase = "warmup"
+        self.runs = {"warmup": 0, "serving": 0}
+        original = Autotuner._bench
+
+        def counted(tuner, *args, **kwargs):
+            self.runs[self.phase] += 1
+            return original(tuner, *args, **kwargs)
+
+        Autotuner._bench = counted
+
+
+def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
+    import torch
+
+    from jit_ahead import demo_models
+    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.priority import Priority
+
+    limits = EngineLimits(**SETS[set_name], cuda_graph_batch_sizes=(1, 2, 4, 8, 16))
+    counter = demo_models.CompileCounter().install()
+    tuning = AutotuneCounter()
+    host = HostBuildCounter()
+    events: list[dict] = []
+    session = None
+    if arm.startswith("jit") or arm == "busy-jit":
+        import jit_ahead
+
+        session = jit_ahead.start()
+        session.stats.subscribe(events.append)
+    torch.manual_seed(0)
+    model = build(model_name, "cuda")
+    t_model = time.perf_counter() - T0
+    run = None
+    if arm == "busy-jit":  # background work for the whole serving time: another model, planned and built
+        busy_model, busy_set = BUSY_MODEL
+        run = session.plan_model(build(busy_model, "meta"), EngineLimits(**SETS[busy_set]))
+        ready = None
+    elif session is not None:
+        run = session.plan_model(model, limits)
+        ready = session.wait_ready(timeout=1200, priority=Priority.BACKGROUND)
+    t_ready = time.perf_counter() - T0
+    demo_models.warmup(model, limits, "cuda")
+    torch.cuda.synchronize()
+    t_warm = time.perf_counter() - T0
+    counter.phase = tuning.phase = host.phase = "serving"
+    if session is not None:
+        session.mark_serving()
+    latencies, shapes = [], request_mix(SETS[set_name], seed)
+    for i, (batch, prompt, new_tokens, padded) in enumerate(shapes):
+        lengths = demo_models.prompt_lengths(batch, prompt, seed=seed + i) if padded else None
+        t0 = time.perf_counter()
+        demo_models.serve(model, batch, prompt, new_tokens, device="cuda", seed=i, lengths=lengths)
+        torch.cuda.synchronize()
+        latencies.append(time.perf_counter() - t0)
+    t_end = time.perf_counter() - T0
+    worst = max(range(len(latencies)), key=latencies.__getitem__)
+    result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "model_built_s": round(t_model, 2),
+              "ready_s": round(t_ready, 2), "warmup_end_s": round(t_warm, 2), "end_s": round(t_end, 2),
+              "serving_s": round(sum(latencies), 3), "worst_request_s": round(latencies[worst], 3),
+              "worst_request": list(shapes[worst]), "median_request_s": round(sorted(latencies)[len(latencies) // 2], 4),
+              "executor_compiles_warmup": len(counter.compiled["warmup"]),
+              "executor_compiles_serving": len(counter.compiled["serving"]),
+              "serving_compiled": sorted(set(counter.compiled["serving"])),
+              "autotune_runs_warmup": tuning.runs["warmup"], "autotune_runs_serving": tuning.runs["serving"],
+              "host_builds_warmup": host.builds["warmup"], "host_builds_serving": host.builds["serving"]}
+    if arm == "busy-jit":  # was the background work still going when serving ended?
+        result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.pool.table.pending(),
+                      busy_planned=sum(run.variants.values()))
+    if run is not None:
+        first_queued = min((e["time"] for e in events if e["event"] == "queued"), default=None)
+        helper_builds = sorted(e["time"] for e in events if e["event"] == "build_finish" and e.get("helper") != "executor")
+        started = next((e["time"] for e in events if e["event"] == "forkserver_ready"), None)
+        result.update(ready=ready, planned_variants=sum(run.variants.values()), planning_s=round(run.seconds, 2),
+                      launches=run.launches, saved_plan=bool(run.saved_plan),
+                      plan_loaded=any(e["event"] == "plan_loaded" for e in events),
+                      queued=len(run.tickets), built_in_helpers=len(helper_builds),
+                      helper_processes=started is not None, planning_errors=run.errors[:5],
+                      first_build_after_first_queued_s=None if not helper_builds or first_queued is None
+                      else round(helper_builds[0] - first_queued, 3),
+                      helpers=session.triton.pool.workers)
+        session.close()
+    return result
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+    import triton
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
+           "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name(0),
+           "cpus": len(os.sched_getaffinity(0))}
+    from importlib.metadata import version
+
+    for dist in ("liger-kernel", "fla-core"):
+        try:
+            out[dist] = version(dist)
+        except Exception:  # noqa: BLE001
+            out[dist] = None
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--models", default="gated-deltanet,qwen3-liger")
+    parser.add_argument("--sets", default="engine")
+    parser.add_argument("--arms", default="jit-cold,jit-warm,plain-warm,jit-replay")
+    parser.add_argument("--plain-cold", action="store_true")
+    parser.add_argument("--busy", type=int, default=0, help="busy-plain/busy-jit pairs per model (see above)")
+    parser.add_argument("--warm-pairs", type=int, default=0,
+                        help="jit-warm/plain-warm pairs per model after the other arms, interleaved")
+    parser.add_argument("--seed", type=int, default=None, help="repeat a run's request mix")
+    parser.add_argument("--arm-timeout", type=float, default=580)
+    parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        model, set_name, arm, seed = args.one
+        print("ARM " + json.dumps(run_arm(model, set_name, arm, int(seed))), flush=True)
+        return 0
+    if not args.out:
+        parser.error("--out is required")
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    print(f"request seed {seed}", flush=True)
+    arms = (args.arms.split(",") + (["plain-cold"] if args.plain_cold else []) + ["jit-warm", "plain-warm"] * args.warm_pairs
+            + ["busy-plain", "busy-jit"] * args.busy)
+    results = []
+    os.makedirs(args.out, exist_ok=True)
+    for set_name in args.sets.split(","):
+        for model in args.models.split(","):
+            with tempfile.TemporaryDirectory() as scratch:
+                folders = {name: os.path.join(scratch, name) for name in ("cache", "plans", "records", "empty", "cold")}
+                for folder in folders.values():
+                    os.makedirs(folder, mode=0o700)
+                for arm in arms:
+                    cache = {"jit-replay": folders["empty"], "plain-cold": folders["cold"]}.get(arm, folders["cache"])
+                    env = dict(os.environ, TRITON_CACHE_DIR=cache, JIT_AHEAD_PLAN_DIR=folders["plans"],
+                               JIT_AHEAD_RECORD_DIR=folders["records"])
+                    if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time
+                        env["JIT_AHEAD_PLAN_DIR"] = tempfile.mkdtemp(dir=scratch)
+                        env.pop("JIT_AHEAD_RECORD_DIR")
+                    t0 = time.perf_counter()
+                    try:
+                        proc = subprocess.run([sys.executable, __file__, "--one", model, set_name, arm, str(seed)],
+                                              env=env, capture_output=True, text=True, timeout=args.arm_timeout)
+                        line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
+                        result = json.loads(line[4:]) if line else {"model": model, "set": set_name, "arm": arm,
+                                                                    "error": proc.stderr[-2000:]}
+                    except subprocess.TimeoutExpired:
+                        result = {"model": model, "set": set_name, "arm": arm, "error": "timed out"}
+                    result["process_s"] = round(time.perf_counter() - t0, 2)
+                    results.append(result)
+                    print(json.dumps(result), flush=True)
+                    with open(os.path.join(args.out, "engine_starts.partial.json"), "w") as f:
+                        json.dump({"seed": seed, "results": results}, f, indent=1)  # kept if a later arm hangs
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": versions(), "sets": SETS, "models": MODELS, "requests": REQUESTS, "seed": seed,
+              "command": " ".join(sys.argv), "results": results}
+    with open(os.path.join(args.out, "engine_starts.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    lines = [f"# Engine-style starts with and without jit_ahead ({report['date']})", "",
+             f"`{report['command']}`; request seed {seed}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+             "", "| model | limits | arm | process s | ready s | planning s | variants | queued | executor compiles "
+             "warmup / serving | autotune runs warmup / serving | serving s | worst request s (batch, prompt, "
+             "decode, padded) | host builds warmup / serving | process / median plain-warm |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | error: {r['error'][-150:]!r} |" + " |" * 10)
+            continue
+        bases = sorted(b["process_s"] for b in results if (b["model"], b["set"], b["arm"]) ==
+                       (r["model"], r["set"], "plain-warm") and "error" not in b)
+        ratio = f"{r['process_s'] / bases[len(bases) // 2]:.3f}" if bases else ""
+        lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | {r['process_s']} | {r['ready_s']} | "
+                     f"{r.get('planning_s', '')} | {r.get('planned_variants', '')} | {r.get('queued', '')} | "
+                     f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | "
+                     f"{r['autotune_runs_warmup']} / {r['autotune_runs_serving']} | {r['serving_s']} | "
+                     f"{r['worst_request_s']} {tuple(r['worst_request'])} | "
+                     f"{r['host_builds_warmup']} / {r['host_builds_serving']} | {ratio} |")
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    for model in args.models.split(","):
+        for set_name in args.sets.split(","):
+            warm = {arm: [r["process_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
+                          (model, set_name, arm) and "error" not in r] for arm in ("jit-warm", "plain-warm")}
+            if len(warm["jit-warm"]) > 1 and len(warm["plain-warm"]) > 1:
+                lines.append(f"\n{model} {set_name}: warm start with jit_ahead / without, median process time of "
+                             f"{len(warm['jit-warm'])} and {len(warm['plain-warm'])} interleaved runs: "
+                             f"{median(warm['jit-warm']) / median(warm['plain-warm']):.3f}")
+            pairs = {arm: [r["serving_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
+                           (model, set_name, arm) and "error" not in r] for arm in ("busy-plain", "busy-jit")}
+            if pairs["busy-plain"] and pairs["busy-jit"]:
+                lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
+                             f"median of {len(pairs['busy-jit'])} interleaved pairs: "
+                             f"{median(pairs['busy-jit']) / median(pairs['busy-plain']):.3f}")
+    with open(os.path.join(args.out, "engine_starts.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
