@@ -27,6 +27,7 @@ import threading
 import time
 import traceback
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -88,21 +89,24 @@ class Finished:
     seconds: float
 
 
-class Sink:
+class Sink(ABC):
     """What the planning thread does with results; called on that thread only."""
 
+    @abstractmethod
     def found(self, group: int, requests: list, autotune_groups: list) -> None:
-        raise NotImplementedError
+        """Requests (and autotune groups) captured by launches of ``group``, in first-seen order."""
 
+    @abstractmethod
     def group_done(self, group: int) -> None:
-        raise NotImplementedError
+        """Every launch of ``group`` has run (groups are reported in order)."""
 
+    @abstractmethod
     def failed(self, failure: Failure) -> None:
-        raise NotImplementedError
+        """A launch raised, or its planner died in it."""
 
+    @abstractmethod
     def lost(self, group: int, count: int, why: str) -> None:
-        """``count`` launches of ``group`` will not be run (a planner failure while serving)."""
-        raise NotImplementedError
+        """``count`` launches from ``group`` on will not run (serving started before they could)."""
 
 
 @dataclass(frozen=True)

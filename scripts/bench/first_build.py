@@ -24,6 +24,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from build_throughput import versions as machine_versions  # noqa: E402
+
 
 def one_run(model: str, limits: tuple[int, int, int]) -> dict:
     t_start = time.time()
@@ -69,33 +72,29 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
 
 
 def versions() -> dict:
-    import platform
+    """The machine's (build_throughput.versions) and the kernel libraries' versions."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    import torch
-    import triton
-
-    out = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
-           "cpu": platform.processor() or platform.machine(), "cpus": len(os.sched_getaffinity(0))}
-    try:
-        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001
-        out["gpu"] = None
+    info = machine_versions()
     for dist in ("liger-kernel", "fla-core"):
         try:
-            from importlib.metadata import version
-
-            out[dist] = version(dist)
-        except Exception:  # noqa: BLE001
-            out[dist] = None
-    return out
+            info[dist] = version(dist)
+        except PackageNotFoundError:
+            info[dist] = None
+    return info
 
 
 def tree() -> str:
+    """The checkout's commit, marked when its files differ from it (a copy sent to a GPU machine may carry
+    an older .git than its files: the results folder's README names the real tree)."""
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               cwd=here).stdout.strip()
     except OSError:
         return "?"
+    return f"{head} with changes" if dirty else head
 
 
 def main() -> int:

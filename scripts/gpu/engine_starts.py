@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serving_loop import versions  # noqa: E402
+
 T0 = time.perf_counter()
 
 SETS = {"engine": dict(max_num_tokens=8192, max_batch_size=16, max_seq_len=4096),
@@ -190,24 +193,6 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
                       helpers=session.triton.pool.workers)
         session.close()
     return result
-
-
-def versions() -> dict:
-    import torch
-    import transformers
-    import triton
-
-    out = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
-           "transformers": transformers.__version__, "gpu": torch.cuda.get_device_name(0),
-           "cpus": len(os.sched_getaffinity(0))}
-    from importlib.metadata import version
-
-    for dist in ("liger-kernel", "fla-core"):
-        try:
-            out[dist] = version(dist)
-        except Exception:  # noqa: BLE001
-            out[dist] = None
-    return out
 
 
 def main() -> int:
