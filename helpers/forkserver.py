@@ -18,7 +18,6 @@ import socket
 import sys
 import time
 import traceback
-import warnings
 
 from jit_ahead.core import processes
 from jit_ahead.core.protocol import (Configure, Exited, Fork, Forked, Preload, Ready, Shutdown, read_message,
@@ -95,9 +94,7 @@ def os_threads() -> list[str]:
 def _fork(control: _Control, builder, prepared: dict) -> None:
     inbox_fd, outbox_fd = control.receive_fds(2)
     prepared = {**prepared, "forkserver_threads": os_threads()}
-    with warnings.catch_warnings():  # Python 3.12 warns whenever other threads exist; we report them instead
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    pid = processes.fork_quietly()  # the threads a library's import started are reported in Ready instead
     if pid == 0:
         code = 1
         try:

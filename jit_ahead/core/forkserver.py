@@ -13,7 +13,6 @@ pipes, exactly as with a spawned one; only starting, waiting and killing go thro
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import queue
@@ -23,12 +22,11 @@ import subprocess
 import threading
 import time
 import traceback
-import warnings
 
 import psutil
 
 from .helper_env import start_helper_process
-from .processes import Spawner, detach_descriptors, die_with_parent, end_tree, reset_signals, single_threaded_torch
+from .processes import ForkedChild, Spawner, detach_from_server, end_tree, fork_quietly
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
 
@@ -86,57 +84,16 @@ def _pid_running(pid: int) -> bool:
         return True
 
 
-class ForkedChild:
-    """A process forked from this one without exec (the fork server made from the server): the part of
-    ``subprocess.Popen`` the pool uses. This process reaps it."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: its status is lost
-                self.returncode = -signal.SIGKILL
-            else:
-                if done:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout)
-            time.sleep(0.01)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def _fork_from_server(fd: int, env: dict[str, str]) -> int:
     """Fork this process into a fork server on socket ``fd``; returns its pid. Runs on the pool's
     spawner thread, so the child's parent-death signal follows that thread (and the server)."""
-    with warnings.catch_warnings():  # Python 3.12 warns whenever other threads exist: the child runs none
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    pid = fork_quietly()
     if pid:
         return pid
     code = 1
     try:
-        detach_descriptors(keep=(fd,))
+        detach_from_server(keep=(fd,))
         os.dup2(2, 1)  # helpers print to stderr, never to the server's stdout (as spawned ones do)
-        die_with_parent()
-        reset_signals()
-        gc.freeze()  # the server's objects stay where they are: no collection pass copies their pages
-        single_threaded_torch()
         os.environ.clear()
         os.environ.update(env)
         from jit_ahead_helpers import forkserver

@@ -16,24 +16,23 @@ given up with one log line once serving has started.
 from __future__ import annotations
 
 import contextlib
-import gc
+import functools
 import logging
 import mmap
 import os
 import select
 import signal
 import struct
+import subprocess
 import threading
 import time
 import traceback
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .priority import Priority
-from .processes import (detach_descriptors, die_with_parent, end_tree, lower_priority, reset_signals,
-                        single_threaded_torch)
+from .processes import ForkedChild, detach_from_server, end_tree, fork_quietly, lower_priority
 from .protocol import ProtocolError, read_message, write_message
 
 log = logging.getLogger("jit_ahead.planning")
@@ -211,16 +210,19 @@ class _Runner:
         return None
 
 
+def _deliver(sink: Sink, group: int, requests, autotune_groups, failures) -> None:
+    """What launches of ``group`` found (here, or in a planner's Found message), handed to the sink."""
+    if requests or autotune_groups:
+        sink.found(group, list(requests), list(autotune_groups))
+    for failure in failures:
+        sink.failed(failure)
+
+
 def run_in_thread(groups: Sequence[LaunchGroup], families: dict, sink: Sink, start: Position,
                   stop: Callable[[], bool]) -> Position | None:
     """Run every launch from ``start`` on in the calling thread; the position where ``stop()`` turned
     true, or None once all ran."""
-    def found(group, requests, autotune_groups, failures):
-        if requests or autotune_groups:
-            sink.found(group, requests, autotune_groups)
-        for failure in failures:
-            sink.failed(failure)
-
+    found = functools.partial(_deliver, sink)
     return _Runner(groups, families, found, sink.group_done).run(start, 0, 1, stop)
 
 
@@ -249,20 +251,14 @@ def _fork_planner(groups, families, start: Position, offset: int, stride: int, p
     """Fork one planner; returns (pid, the parent's read end). Raises OSError if it cannot fork."""
     read_fd, write_fd = os.pipe()
     struct.pack_into("!ii", progress, 8 * slot, -1, -1)
-    with warnings.catch_warnings():  # Python 3.12 warns whenever other threads exist: the child runs none
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    pid = fork_quietly()
     if pid == 0:  # the planner
         global _in_planner
         _in_planner = True
         code = 0
         try:
             os.close(read_fd)
-            detach_descriptors(keep=(write_fd,))
-            die_with_parent()
-            reset_signals()
-            gc.freeze()  # the server's objects stay where they are: no collection pass copies their pages
-            single_threaded_torch()
+            detach_from_server(keep=(write_fd,))
             lower_priority()
             _planner_main(groups, families, start, offset, stride, write_fd, progress, slot, enter)
         except BaseException:  # noqa: BLE001 - a planner must never return into the server's code
@@ -383,10 +379,7 @@ class ForkedPlanners:
             message = None
         shard.last_news = time.monotonic()
         if isinstance(message, Found):
-            if message.requests or message.groups:
-                self._sink.found(message.group, list(message.requests), list(message.groups))
-            for failure in message.failures:
-                self._sink.failed(failure)
+            _deliver(self._sink, message.group, message.requests, message.groups, message.failures)
         elif isinstance(message, GroupDone):
             self._shard_done_with(shard, message.group + 1)
         elif isinstance(message, Finished):
@@ -442,13 +435,8 @@ class ForkedPlanners:
         if remaining:
             log.warning("%d launches of a failed planner run in the planning thread", remaining)
 
-        def found(group, requests, autotune_groups, failures):
-            if requests or autotune_groups:
-                self._sink.found(group, requests, autotune_groups)
-            for failure in failures:
-                self._sink.failed(failure)
-
-        runner = _Runner(self._groups, self._families, found, lambda g: self._shard_done_with(shard, g + 1))
+        runner = _Runner(self._groups, self._families, functools.partial(_deliver, self._sink),
+                         lambda g: self._shard_done_with(shard, g + 1))
         stopped = runner.run(shard.start, shard.offset, self._count,
                              lambda: cancelled.is_set() or serving())
         if stopped is not None:
@@ -467,22 +455,16 @@ class ForkedPlanners:
 
 
 def _reap(pid: int) -> str:
-    """Collect a planner's exit status (waiting a little); how it ended, in words."""
-    deadline = time.monotonic() + 2.0
-    while True:
+    """Collect a planner's exit status (killing it if it lingers); how it ended, in words."""
+    child = ForkedChild(pid)
+    try:
+        code = child.wait(2.0)
+    except subprocess.TimeoutExpired:
+        end_tree(pid)
+        code = child.wait()
+    if code < 0:
         try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return "ended"
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            if code < 0:
-                try:
-                    return f"was killed by {signal.Signals(-code).name}"
-                except ValueError:
-                    return f"was killed by signal {-code}"
-            return f"exited with code {code}"
-        if time.monotonic() > deadline:
-            end_tree(pid)
-            deadline = time.monotonic() + 2.0
-        time.sleep(0.01)
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

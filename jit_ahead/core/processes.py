@@ -8,6 +8,7 @@ compiler it is waiting for).
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import queue
@@ -15,6 +16,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import warnings
 
 import psutil
 
@@ -158,6 +161,61 @@ class Spawner:
         with self._lock:
             if self._thread is not None:
                 self._requests.put(None)
+
+
+def fork_quietly() -> int:
+    """``os.fork()`` without Python 3.12's warning that other threads exist: the callers' children run
+    none of them, and hold none of their locks (module locks are fork_safe_lock)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def detach_from_server(keep: tuple[int, ...]) -> None:
+    """First steps of a process forked from the server without exec (a planner, the fork server): its
+    inherited descriptors point at /dev/null (``keep`` aside), it dies with the thread that forked it,
+    takes none of the server's signal handlers, leaves the server's objects to the server (no collection
+    pass copies their pages), and runs torch single-threaded."""
+    detach_descriptors(keep)
+    die_with_parent()
+    reset_signals()
+    gc.freeze()
+    single_threaded_torch()
+
+
+class ForkedChild:
+    """A child forked from this process without exec: the part of ``subprocess.Popen`` the pool uses.
+    This process reaps it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost
+                self.returncode = -signal.SIGKILL
+            else:
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def end_tree(pid: int) -> None:
