@@ -71,6 +71,15 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
             "variants": sum(run.variants.values()), "launches": run.launches, "errors": run.errors[:3]}
 
 
+def run_child(script: str, arguments: list[str], env: dict, timeout: float, about: dict) -> dict:
+    """``script --one ARGUMENTS`` in a fresh interpreter: the result it printed on its ``RUN`` line, else
+    ``about`` with the end of its stderr as the error."""
+    proc = subprocess.run([sys.executable, script, "--one", *arguments], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RUN ")), None)
+    return json.loads(line[4:]) if line else {**about, "error": proc.stderr[-1500:]}
+
+
 def versions() -> dict:
     """The machine's (build_throughput.versions) and the kernel libraries' versions."""
     from importlib.metadata import PackageNotFoundError, version
@@ -119,10 +128,8 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as scratch:
                 env = dict(os.environ, JIT_AHEAD_HELPER_START=mode, TRITON_CACHE_DIR=os.path.join(scratch, "cache"),
                            JIT_AHEAD_PLAN_DIR=os.path.join(scratch, "plans"))
-                proc = subprocess.run([sys.executable, __file__, "--one", "--model", args.model, "--limits", args.limits],
-                                      env=env, capture_output=True, text=True, timeout=args.timeout)
-            line = next((l for l in proc.stdout.splitlines() if l.startswith("RUN ")), None)
-            result = json.loads(line[4:]) if line else {"mode": mode, "error": proc.stderr[-1500:]}
+                result = run_child(__file__, ["--model", args.model, "--limits", args.limits], env, args.timeout,
+                                   {"mode": mode})
             result["run"] = index
             runs.append(result)
             print(json.dumps(result), flush=True)

@@ -16,13 +16,12 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from first_build import tree, versions  # noqa: E402
+from first_build import run_child, tree, versions  # noqa: E402
 
 
 def one_run(model: str, limits: tuple[int, int, int]) -> dict:
@@ -72,10 +71,8 @@ def main() -> int:
 
     def launch(model: str, planners: str, plans: str) -> dict:
         env = dict(os.environ, JIT_AHEAD_PLANNERS=planners, JIT_AHEAD_PLAN_DIR=plans)
-        proc = subprocess.run([sys.executable, __file__, "--one", "--models", model, "--limits", args.limits],
-                              env=env, capture_output=True, text=True, timeout=3600)
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RUN ")), None)
-        return json.loads(line[4:]) if line else {"model": model, "planners": planners, "error": proc.stderr[-1500:]}
+        return run_child(__file__, ["--models", model, "--limits", args.limits], env, 3600,
+                         {"model": model, "planners": planners})
 
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory() as scratch:
