@@ -141,6 +141,53 @@ def test_planners_finish_the_plan_after_serving_started(session_factory, tmp_pat
     assert run.variants[Priority.BACKGROUND] > 0
 
 
+class SlowProvider(ScaleProvider):
+    """Each BACKGROUND launch takes a while and notes (pid, time) of the process running it."""
+
+    name = "test-slow"
+
+    def __init__(self, path) -> None:
+        super().__init__()
+        self.path = path
+
+    def launches(self, layers, limits):
+        for launch in super().launches(layers, limits):
+            if launch.priority == Priority.BACKGROUND:
+                yield PlannedLaunch(launch.priority, lambda run=launch.run: (self._note(), run()), launch.label)
+            else:
+                yield launch
+
+    def _note(self) -> None:
+        time.sleep(0.03)
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()} {time.monotonic()}\n")
+
+
+def test_once_serving_only_the_serving_planners_run_and_the_others_go_on_as_they_finish(
+        session_factory, tmp_path, monkeypatch):
+    # Three planners, one of them left running at serving: the other two wait (not killed as hung,
+    # though they make no progress for longer than the stall limit) and go on one at a time; every
+    # launch still runs exactly once.
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "3")
+    monkeypatch.setenv("JIT_AHEAD_SERVING_PLANNERS", "1")
+    monkeypatch.setattr(planners, "STALL_S", 1.0)
+    where = tmp_path / "launches"
+    session = session_factory(workers=0)
+    run = session.plan_model(model(), LIMITS, [SlowProvider(where)])
+    assert session.wait_planned(timeout=120)
+    session.mark_serving()
+    served = time.monotonic()
+    assert run.wait(120) and not run.errors and run.launches_lost == 0
+    notes = [line.split() for line in where.read_text().splitlines()]
+    provider = SlowProvider(where)
+    assert len(notes) == sum(1 for launch in provider.launches(provider.find_layers(model()), LIMITS)
+                             if launch.priority == Priority.BACKGROUND)
+    later = [int(pid) for pid, at in sorted(notes, key=lambda n: float(n[1])) if float(at) > served + 0.5]
+    changes = sum(1 for a, b in zip(later, later[1:]) if a != b)
+    assert len(set(later)) == 3 and changes == 2  # one planner after another, never two at once
+    assert time.monotonic() - served > 2 * planners.STALL_S  # the waiting ones outlived the stall limit
+
+
 def test_planning_in_the_servers_thread_stops_when_serving_starts(session_factory, tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", "0")

@@ -93,11 +93,13 @@ def test_planning_an_autotuned_launch_leaves_the_autotuner_a_serving_thread_runs
         autotuner.nargs = None
 
 
-@pytest.mark.parametrize("name, skips_repeats", [("width_tuned_kernel", True), ("width_tuned_even_kernel", False)])
-def test_an_autotuned_launch_at_many_counts_plans_what_separate_launches_do(name, skips_repeats):
-    # One capture skips an autotuned launch whose tuning key, configs and argument specialization it has
-    # already requested in full; where heuristics inside the autotuner read the count's value (EVEN), it
-    # cannot know that up front and launches every config.
+@pytest.mark.parametrize("name, variants, repeats", [("width_tuned_kernel", 6, 126), ("width_tuned_even_kernel", 8, 0),
+                                                     ("width_tuned_pruned_kernel", 5, 124)])
+def test_an_autotuned_launch_at_many_counts_plans_what_separate_launches_do(name, variants, repeats):
+    # One capture skips an autotuned launch whose configs and argument specialization it has already
+    # requested in full: with fixed configs before computing the tuning key, with a pruning function
+    # (which reads the count's value) only after it pruned; where heuristics inside the autotuner read the
+    # count's value (EVEN), it cannot know that up front and launches every config.
     import torch
 
     from jit_ahead.triton import capture, plan_launch
@@ -112,5 +114,5 @@ def test_an_autotuned_launch_at_many_counts_plans_what_separate_launches_do(name
         for n in counts:
             kernel.run(x, n, 64, grid=(1,), warmup=True)
     assert {r.predicted_hash for r in plan.requests} == separately
-    assert len(separately) == (6 if name == "width_tuned_kernel" else 8)
-    assert (plan.autotune_repeats == len(counts) - 3) if skips_repeats else plan.autotune_repeats == 0
+    assert len(separately) == variants
+    assert plan.autotune_repeats == repeats

@@ -87,6 +87,14 @@ def serving_worker_count() -> int:
     return env_int("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
 
 
+def serving_planner_count() -> int:
+    """JIT_AHEAD_SERVING_PLANNERS: planners that keep enumerating once serving has started; the others
+    are paused (SIGSTOP) and resumed one by one as running planners finish, so planning left over at
+    serving shares the spare CPUs with the helpers still building instead of taking them all. Default:
+    half the serving helpers, at least one."""
+    return env_int("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
+
+
 def wait_timeout_s() -> float:
     """How long a launch waits on another's build before it falls back to the DSL's own path."""
     return env_float("JIT_AHEAD_WAIT_TIMEOUT_S", 120.0, minimum=0.0)

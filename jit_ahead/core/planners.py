@@ -39,6 +39,7 @@ log = logging.getLogger("jit_ahead.planning")
 
 SEND_EVERY_S = 0.25  # a planner sends what it found at least this often
 STALL_S = 60.0  # a planner whose launch runs this long without returning is taken to hang
+PAUSE_POLL_S = 0.1  # how often a paused planner looks whether it may go on
 MAX_RESPAWNS = 3  # per shard, before its rest runs in the planning thread (or is given up while serving)
 
 
@@ -155,12 +156,18 @@ class _Runner:
     the position now running is done (for this shard)."""
 
     def __init__(self, groups: Sequence[LaunchGroup], families: dict, found: Callable, group_done: Callable,
-                 progress: Callable[[Position], None] | None = None) -> None:
+                 progress: Callable[[Position], None] | None = None,
+                 paused: Callable[[], bool] | None = None, waiting: Callable[[bool], None] = lambda _: None) -> None:
+        """``paused``: checked before each launch; while it is true the runner sends what it found and
+        waits (a planner asked to make room for serving), saying so through ``waiting(True)`` and
+        ``waiting(False)`` when it goes on."""
         self._groups = groups
         self._families = families
         self._found = found
         self._group_done = group_done
         self._progress = progress
+        self._paused = paused
+        self._wait = waiting
         self.launches = 0
 
     def run(self, start: Position, offset: int, stride: int, stop: Callable[[], bool] = lambda: False) -> Position | None:
@@ -188,6 +195,12 @@ class _Runner:
                 if stop():
                     send(current)
                     return position
+                if self._paused is not None and self._paused():
+                    send(current)  # what it found reaches the helpers before it waits
+                    self._wait(True)
+                    while self._paused():
+                        time.sleep(PAUSE_POLL_S)
+                    self._wait(False)
                 if self._progress is not None:
                     self._progress(position)
                 provider, launch = groups[position.group].items[position.item]
@@ -228,7 +241,7 @@ def run_in_thread(groups: Sequence[LaunchGroup], families: dict, sink: Sink, sta
 
 # -- in a planner process ----------------------------------------------------------------------------------
 def _planner_main(groups: Sequence[LaunchGroup], families: dict, start: Position, offset: int, stride: int,
-                  out_fd: int, progress: mmap.mmap, slot: int, enter: Callable[[], None]) -> None:
+                  out_fd: int, progress: mmap.mmap, pauses: mmap.mmap, slot: int, enter: Callable[[], None]) -> None:
     t0 = time.perf_counter()
     out = os.fdopen(out_fd, "wb", buffering=0)
 
@@ -239,15 +252,19 @@ def _planner_main(groups: Sequence[LaunchGroup], families: dict, start: Position
         struct.pack_into("!ii", progress, 8 * slot, position.group, position.item)
 
     enter()
-    runner = _Runner(groups, families, found, lambda g: write_message(out, GroupDone(g)), at)
+    def waiting(now: bool) -> None:
+        pauses[2 * slot + 1] = int(now)
+
+    runner = _Runner(groups, families, found, lambda g: write_message(out, GroupDone(g)), at,
+                     lambda: pauses[2 * slot] != 0, waiting)
     runner.run(start, offset, stride)
     struct.pack_into("!ii", progress, 8 * slot, -1, -1)
     write_message(out, Finished(runner.launches, time.perf_counter() - t0))
     out.close()
 
 
-def _fork_planner(groups, families, start: Position, offset: int, stride: int, progress: mmap.mmap, slot: int,
-                  enter: Callable[[], None]) -> tuple[int, object]:
+def _fork_planner(groups, families, start: Position, offset: int, stride: int, progress: mmap.mmap,
+                  pauses: mmap.mmap, slot: int, enter: Callable[[], None]) -> tuple[int, object]:
     """Fork one planner; returns (pid, the parent's read end). Raises OSError if it cannot fork."""
     read_fd, write_fd = os.pipe()
     struct.pack_into("!ii", progress, 8 * slot, -1, -1)
@@ -260,7 +277,7 @@ def _fork_planner(groups, families, start: Position, offset: int, stride: int, p
             os.close(read_fd)
             detach_from_server(keep=(write_fd,))
             lower_priority()
-            _planner_main(groups, families, start, offset, stride, write_fd, progress, slot, enter)
+            _planner_main(groups, families, start, offset, stride, write_fd, progress, pauses, slot, enter)
         except BaseException:  # noqa: BLE001 - a planner must never return into the server's code
             code = 1
             with contextlib.suppress(Exception):
@@ -283,6 +300,7 @@ class _Shard:
     groups_done: int = 0
     respawns: int = 0
     finished: bool = False
+    paused: bool = False  # asked to wait while serving, until another planner finishes
     given_up: bool = False  # no more planners for it: its rest runs in the planning thread, or is lost
 
 
@@ -290,7 +308,11 @@ class ForkedPlanners:
     """``count`` planner processes sharing ``groups`` (planner k runs items k, k + count, ... of each)."""
 
     def __init__(self, groups: Sequence[LaunchGroup], families: dict, sink: Sink, count: int,
-                 enter: Callable[[], None], start: Position = Position(0, 0), stall_s: float | None = None) -> None:
+                 enter: Callable[[], None], start: Position = Position(0, 0), stall_s: float | None = None,
+                 serving_count: int | None = None) -> None:
+        """``serving_count``: planners left running once serving starts (the others are paused, and
+        resumed one at a time as running ones finish); None: all keep running."""
+        self._serving_count = serving_count
         self._groups = groups
         self._families = families
         self._sink = sink
@@ -298,11 +320,14 @@ class ForkedPlanners:
         self._enter = enter
         self._stall_s = STALL_S if stall_s is None else stall_s
         self._progress = mmap.mmap(-1, 8 * count)
+        # two bytes per planner: this thread's request that it wait (serving), and its own "waiting now"
+        self._pauses = mmap.mmap(-1, 2 * count)
         self._shards = [_Shard(k, start, k, groups_done=start.group) for k in range(count)]
         self._signalled = start.group  # groups below this were reported done to the sink
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
         self._pids: set[int] = set()
+        self.planner_seconds: list[float] = []  # each finished planner's own time, fork to last launch
 
     def run(self, cancelled: threading.Event, serving: Callable[[], bool]) -> None:
         """Fork the planners and feed the sink until every shard is done, or ``cancelled`` is set (then
@@ -320,10 +345,13 @@ class ForkedPlanners:
             live = [s for s in self._shards if s.stream is not None]
             if not live:
                 break
+            self._pace(live, serving())
             readable, _, _ = select.select([s.stream for s in live], [], [], 0.2)
             for shard in live:
                 if shard.stream in readable:
                     self._read(shard)
+                elif self._pauses[2 * shard.slot + 1]:  # waiting as asked: its stall clock stands still
+                    shard.last_news = time.monotonic()
                 elif self._stalled(shard):
                     log.warning("planner (pid %d) made no progress for %.0fs in %s; killed", shard.pid,
                                 self._stall_s, self._label(shard))
@@ -346,12 +374,32 @@ class ForkedPlanners:
             end_tree(pid)
 
     # -- internals ----------------------------------------------------------------------------------------
+    def _pace(self, live: list[_Shard], serving: bool) -> None:
+        """Once serving: no more than ``serving_count`` planners run; the others wait after their current
+        launch (having sent what they found), and one goes on whenever a running one ends. A planner
+        waits of its own accord, at a launch boundary: one stopped by a signal could be stopped halfway
+        through a message this thread is reading."""
+        if not serving or self._serving_count is None:
+            return
+        running = [s for s in live if not s.paused]
+        for shard in running[self._serving_count:]:
+            self._pauses[2 * shard.slot] = 1
+            shard.paused = True
+        if len(running) > self._serving_count:
+            log.info("serving started: %d planners wait, %d go on (JIT_AHEAD_SERVING_PLANNERS)",
+                     len(running) - self._serving_count, self._serving_count)
+        waiting = [s for s in live if s.paused]
+        for shard in waiting[:max(0, self._serving_count - len(running))]:
+            self._pauses[2 * shard.slot] = 0
+            shard.paused = False
+
     def _spawn(self, shard: _Shard) -> None:
+        self._pauses[2 * shard.slot:2 * shard.slot + 2] = b"\0\0"
         pid, stream = _fork_planner(self._groups, self._families, shard.start, shard.offset, self._count,
-                                    self._progress, shard.slot, self._enter)
+                                    self._progress, self._pauses, shard.slot, self._enter)
         with self._lock:
             self._pids.add(pid)
-        shard.pid, shard.stream = pid, stream
+        shard.pid, shard.stream, shard.paused = pid, stream, False
         shard.last_news, shard.last_progress = time.monotonic(), (-1, -1)
 
     def _current(self, shard: _Shard) -> Position | None:
@@ -384,6 +432,8 @@ class ForkedPlanners:
             self._shard_done_with(shard, message.group + 1)
         elif isinstance(message, Finished):
             shard.finished = True
+            self.planner_seconds.append(message.seconds)
+            log.debug("planner (pid %d) ran %d launches in %.1fs", shard.pid, message.launches, message.seconds)
         elif message is None:
             self._ended(shard)
 

@@ -30,9 +30,11 @@ log = logging.getLogger("jit_ahead.planning")
 
 class PlanningRun(Sink):
     def __init__(self, families: dict, stats, model, limits: EngineLimits, providers: list, *,
-                 planners: int = 0, enter_planner: Callable[[], None] | None = None,
+                 planners: int = 0, serving_planners: int | None = None,
+                 enter_planner: Callable[[], None] | None = None,
                  store: PlanStore | None = None, view=None, lock_timeout: float = 120.0) -> None:
-        """``planners``: planner processes to fork (0: launches run in the planning thread);
+        """``planners``: planner processes to fork (0: launches run in the planning thread), of which
+        ``serving_planners`` keep running once serving starts (None: all);
         ``enter_planner`` runs first in each planner (the server's device view, its families' set-up);
         ``store``: saved plans, read instead of planning and written after (``view``: the device view the
         key names); ``lock_timeout``: how long to wait for another process planning the same key."""
@@ -42,6 +44,7 @@ class PlanningRun(Sink):
         self._limits = limits
         self._providers = providers
         self._planners = planners
+        self._serving_planners = serving_planners
         self._enter_planner = enter_planner or (lambda: None)
         self._done = threading.Event()
         self._cancelled = threading.Event()
@@ -57,6 +60,8 @@ class PlanningRun(Sink):
         self.launches = 0  # launches listed by the providers
         self.launches_lost = 0  # launches that will not run (serving started before they could)
         self.seconds = 0.0
+        self.listing_seconds = 0.0  # from the start to the first launch run: key, probe forward, listing
+        self.planner_seconds: list[float] = []  # each finished planner's own time
         self._groups: list[LaunchGroup] = []
         self._group_variants: dict[int, int] = defaultdict(int)
         self._group_queued: dict[int, int] = defaultdict(int)
@@ -120,7 +125,7 @@ class PlanningRun(Sink):
                         hint or ".", ", ".join(sorted(known)) or "none")
 
     def _run(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self._started = time.perf_counter()
         lock = None
         try:
             self._check_extra_limits()
@@ -239,6 +244,7 @@ class PlanningRun(Sink):
 
     def _enumerate(self) -> None:
         self._enumeration_started = time.perf_counter()
+        self.listing_seconds = self._enumeration_started - self._started
         stop = lambda: self._cancelled.is_set() or self._serving()  # noqa: E731
         if self._planners > 0 and hasattr(os, "fork"):
             try:
@@ -264,7 +270,8 @@ class PlanningRun(Sink):
             self.group_done(group)
 
     def _run_planners(self, count: int, start: Position) -> None:
-        planners = ForkedPlanners(self._groups, self._families, self, count, self._enter_planner, start=start)
+        planners = ForkedPlanners(self._groups, self._families, self, count, self._enter_planner, start=start,
+                                  serving_count=self._serving_planners)
         self._planners_running = planners
         if self._cancelled.is_set():  # cancelled before it could be killed from outside
             return
@@ -272,6 +279,7 @@ class PlanningRun(Sink):
             planners.run(self._cancelled, self._serving)
         finally:
             self._planners_running = None
+            self.planner_seconds.extend(planners.planner_seconds)
 
     def _mark_queued(self, above: Priority | None) -> None:
         """Every priority higher than ``above`` (all: None) has been captured and queued."""

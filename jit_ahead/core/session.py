@@ -97,7 +97,7 @@ class Session:
                 family.enter_planner()
 
         run = PlanningRun(self.families, self.stats, model, limits, providers, planners=knobs.planner_count(),
-                          enter_planner=enter_planner, store=self._plan_store(), view=view,
+                          serving_planners=knobs.serving_planner_count(), enter_planner=enter_planner, store=self._plan_store(), view=view,
                           lock_timeout=knobs.wait_timeout_s()).start()
         self._planning.append(run)
         return run

@@ -86,6 +86,10 @@ class KnownChoices:
             for choice in choices:
                 self._by_identity[choice.identity] = choice
 
+    def __bool__(self) -> bool:
+        """True once any choice is known (an autotuner's configs may then depend on its tuning key)."""
+        return bool(self._by_identity)
+
     def config_for(self, autotuner: Autotuner, tuning_key, configs):
         """The Config among ``configs`` recorded as the choice for this kernel source, key and configs;
         None where Triton would not store or load one (a config with a pre_hook)."""

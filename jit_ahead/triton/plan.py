@@ -198,6 +198,9 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     plan = hook.capturing.get()
     if plan is None:
         return _original_autotuner_run(self, *args, **kwargs)
+    fixed = _fixed_configs_key(self, plan.device, args, kwargs)
+    if fixed is not None and plan.seen_autotune(fixed):
+        return None
     probe = copy.copy(self)  # Triton's own run() on a private copy whose cache answers from the real one
     probe.cache = _ChoicesOf(self.cache)
     try:
@@ -225,7 +228,30 @@ def _capturing_autotuner_run(self, *args, **kwargs):
         plan.add_autotune_group(group)
     if repeat is not None:
         plan.add_autotune(repeat)
+    if fixed is not None:
+        plan.add_autotune(fixed)
     return None
+
+
+def _fixed_configs_key(autotuner: Autotuner, device: int, args: tuple, kwargs: dict):
+    """The repeat key of an autotuned launch whose configs cannot depend on its arguments' values: no
+    pruning function or performance model, no choice made in this process or recorded. It then runs all
+    its configs for every tuning key, so what it requests is decided by its configs and the arguments'
+    specialization alone, and a repeat is known without computing the tuning key or pruning (the common
+    case in fla, where enumerating thousands of shapes launches each autotuner once per shape). None
+    otherwise: ``_repeat_key`` decides after Triton's own key and pruning."""
+    kernel = autotuner.fn
+    if (not isinstance(kernel, JITFunction) or len(autotuner.configs) < 2 or autotuner.early_config_prune
+            or autotuner.perf_model or autotuner.cache or autotune.KNOWN):
+        return None
+    binder = kernel.device_caches[device][4]
+    _, specialization, _ = binder(*args, **kwargs, **autotuner.configs[0].all_kwargs())
+    key = "fixed", id(autotuner), tuple(specialization)
+    try:
+        hash(key)
+        return key
+    except TypeError:  # an unhashable constexpr value
+        return "fixed", id(autotuner), str(specialization)
 
 
 def _repeat_key(autotuner: Autotuner, device: int, tuning_key, configs: list, args: tuple, kwargs: dict):

@@ -2,8 +2,9 @@
 """Wall time of planning a whole model within engine limits, by planner count, and of reading it back.
 
 Each run is a fresh process: build the model on meta, start a session without helpers (planning only),
-``plan_model`` with no saved plan, wait for every launch to be enumerated. Reports wall seconds, the CPU
-seconds of the server process and of its planners, launches and variants. Then one more process with the
+``plan_model`` with no saved plan, wait for every launch to be enumerated. Reports wall seconds, the part
+before the first launch ran (plan key, probe forward, listing the launches), the shortest and longest
+planner, the CPU seconds of the server process and of its planners, launches and variants. Then one more process with the
 plan that run saved: the time ``plan_model`` takes to read it (no probe, no planner). Runs of the planner
 counts are interleaved when repeated.
 
@@ -48,6 +49,8 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
             "wall_s": round(wall, 2), "server_cpu_s": round(after.user - before.user + after.system - before.system, 2),
             "planner_cpu_s": round(after.children_user - before.children_user
                                    + after.children_system - before.children_system, 2),
+            "listing_s": round(run.listing_seconds, 2),
+            "planner_s": [round(min(run.planner_seconds or [0]), 2), round(max(run.planner_seconds or [0]), 2)],
             "launches": run.launches, "variants": sum(run.variants.values()), "read_saved_plan": run.read_saved,
             "errors": run.errors[:3]}
 
@@ -93,14 +96,17 @@ def main() -> int:
     lines = [f"# Planning a whole model within {args.limits} (tokens, batch, sequence) ({report['date']}, "
              f"tree {report['tree']})", "",
              f"`{report['command']}`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
-             "| model | planners | run | wall s | server CPU s | planners' CPU s | launches | variants |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | planners | run | wall s | to the first launch s | each planner s (min-max) | server CPU s "
+             "| planners' CPU s | launches | variants |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['planners']} | {r.get('run')} | error: {r['error'][-120:]!r} | | | | |")
+            lines.append(f"| {r['model']} | {r['planners']} | {r.get('run')} | error: {r['error'][-120:]!r} "
+                         "| | | | | | |")
             continue
-        lines.append(f"| {r['model']} | {r['planners']} | {r['run']} | {r['wall_s']} | {r['server_cpu_s']} | "
-                     f"{r['planner_cpu_s']} | {r['launches']} | {r['variants']} |")
+        each = "-".join(map(str, r["planner_s"]))
+        lines.append(f"| {r['model']} | {r['planners']} | {r['run']} | {r['wall_s']} | {r['listing_s']} | {each} | "
+                     f"{r['server_cpu_s']} | {r['planner_cpu_s']} | {r['launches']} | {r['variants']} |")
     with open(os.path.join(args.out, "planning_wall.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -92,6 +92,18 @@ def width_tuned_kernel(x_ptr, n, width, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * width, mask=offs < n)
 
 
+# The same with a pruning function that reads the count's value: below 64 only the small block is kept,
+# so which configs run depends on more than the count's specialization.
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64}, num_warps=2)],
+                 key=["width"], prune_configs_by={
+                     "early_config_prune": lambda configs, nargs, **kw: [
+                         c for c in configs if c.kwargs["BLOCK"] <= max(32, nargs["n"])]})
+@triton.jit
+def width_tuned_pruned_kernel(x_ptr, n, width, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * width, mask=offs < n)
+
+
 # The same with heuristics inside the autotuner: EVEN depends on the count's value and each config's BLOCK,
 # not only on the count's specialization.
 @triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64}, num_warps=2)],
