@@ -163,18 +163,41 @@ class SlowProvider(ScaleProvider):
             f.write(f"{os.getpid()} {time.monotonic()}\n")
 
 
-def test_once_serving_only_the_serving_planners_run_and_the_others_go_on_as_they_finish(
-        session_factory, tmp_path, monkeypatch):
-    # Three planners, one of them left running at serving: the other two wait (not killed as hung,
-    # though they make no progress for longer than the stall limit) and go on one at a time; every
-    # launch still runs exactly once.
+class SkewProvider(SlowProvider):
+    """Every launch notes its pid; the planner that runs the first BACKGROUND launch is the slow one:
+    each launch it runs sleeps."""
+
+    name = "test-skew"
+
+    def __init__(self, path, slow) -> None:
+        super().__init__(path)
+        self.slow = slow
+
+    def launches(self, layers, limits):
+        for launch in ScaleProvider.launches(self, layers, limits):
+            yield PlannedLaunch(launch.priority, lambda run=launch.run: (self._skew(), run()), launch.label)
+
+    def _skew(self) -> None:
+        if not self.slow.exists():
+            self.slow.write_text(str(os.getpid()))
+        if int(self.slow.read_text() or 0) == os.getpid():
+            time.sleep(0.05)
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()} {time.monotonic()}\n")
+
+
+def test_once_serving_only_the_serving_planners_go_on_and_they_run_the_rest(session_factory, tmp_path, monkeypatch):
+    # Three planners, one of them left running at serving: the other two exit after their chunk, and
+    # the one left runs every launch that was not run yet, each exactly once.
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", "3")
     monkeypatch.setenv("JIT_AHEAD_SERVING_PLANNERS", "1")
-    monkeypatch.setattr(planners, "STALL_S", 1.0)
     where = tmp_path / "launches"
     session = session_factory(workers=0)
     run = session.plan_model(model(), LIMITS, [SlowProvider(where)])
-    assert session.wait_planned(timeout=120)
+    deadline = time.monotonic() + 60
+    while len({line.split()[0] for line in (where.read_text() if where.exists() else "").splitlines()}) < 3:
+        assert time.monotonic() < deadline, "three planners never ran BACKGROUND launches"
+        time.sleep(0.02)
     session.mark_serving()
     served = time.monotonic()
     assert run.wait(120) and not run.errors and run.launches_lost == 0
@@ -182,10 +205,23 @@ def test_once_serving_only_the_serving_planners_run_and_the_others_go_on_as_they
     provider = SlowProvider(where)
     assert len(notes) == sum(1 for launch in provider.launches(provider.find_layers(model()), LIMITS)
                              if launch.priority == Priority.BACKGROUND)
-    later = [int(pid) for pid, at in sorted(notes, key=lambda n: float(n[1])) if float(at) > served + 0.5]
-    changes = sum(1 for a, b in zip(later, later[1:]) if a != b)
-    assert len(set(later)) == 3 and changes == 2  # one planner after another, never two at once
-    assert time.monotonic() - served > 2 * planners.STALL_S  # the waiting ones outlived the stall limit
+    before = {int(pid) for pid, at in notes if float(at) < served}
+    later = [int(pid) for pid, at in notes if float(at) > served + 0.5]
+    assert len(before) == 3 and len(later) > 20 and len(set(later)) == 1
+
+
+def test_a_slow_planner_runs_fewer_launches_and_the_others_take_the_rest(session_factory, tmp_path, monkeypatch):
+    # Planners claim chunks as they finish them: one planner made slow (each launch it runs sleeps)
+    # ends up with a small share instead of holding planning back by a fixed one.
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "2")
+    where = tmp_path / "launches"
+    session = session_factory(workers=0)
+    run = session.plan_model(model(), LIMITS, [SkewProvider(where, tmp_path / "slow")])
+    assert run.wait(120) and not run.errors
+    pids = [int(line.split()[0]) for line in where.read_text().splitlines()]
+    slow = int((tmp_path / "slow").read_text())
+    assert len(pids) == run.launches and len(set(pids)) == 2
+    assert pids.count(slow) < 0.25 * len(pids)
 
 
 def test_planning_in_the_servers_thread_stops_when_serving_starts(session_factory, tmp_path, monkeypatch, caplog):
@@ -218,15 +254,17 @@ def test_closing_the_session_kills_its_planners_at_once(session_factory, tmp_pat
     assert not alive
 
 
-def test_a_launch_list_is_sharded_over_planners_by_stride():
+def test_a_launch_list_is_cut_into_chunks_of_one_group_covering_every_launch_once():
     groups = [planners.LaunchGroup(Priority.WARMUP, "triton", list(range(5))),
-              planners.LaunchGroup(Priority.BACKGROUND, "triton", list(range(7)))]
-    shards = [list(planners._positions(groups, planners.Position(0, 0), k, 3)) for k in range(3)]
-    every = sorted((p.group, p.item) for shard in shards for p in shard)
-    assert every == [(0, j) for j in range(5)] + [(1, j) for j in range(7)]
-    # resuming after a launch keeps the shard's stride
-    resumed = list(planners._positions(groups, planners.Position(1, 2), 1, 3))
-    assert [(p.group, p.item) for p in resumed] == [(1, 4)]
+              planners.LaunchGroup(Priority.BACKGROUND, "triton", list(range(7000)))]
+    for count in (1, 3, 15):
+        chunks = planners.chunks_from(groups, planners.Position(0, 0), count)
+        every = [(c.group, j) for c in chunks for j in range(c.first, c.last)]
+        assert every == [(0, j) for j in range(5)] + [(1, j) for j in range(7000)]
+        assert all(0 < c.last - c.first <= planners.MAX_CHUNK for c in chunks)
+        assert len(chunks) >= min(7005, count * planners.CHUNKS_PER_PLANNER)
+    resumed = planners.chunks_from(groups, planners.Position(1, 6990), 2)
+    assert [(c.group, j) for c in resumed for j in range(c.first, c.last)] == [(1, j) for j in range(6990, 7000)]
 
 
 def test_the_guard_says_whether_planning_had_finished_and_names_planned_variants_not_built_yet(

@@ -1,21 +1,25 @@
 """Running planned launches: in planner processes forked from the server, or in the planning thread.
 
 Enumerating a model's launch space is thousands of meta-tensor forwards: Python work that would hold
-the server's GIL for as long as it runs. So the planning thread lists the launches (in priority order)
-and forks planners from the server: each has the model, the providers' sites and every kernel library
-already imported, and runs every Nth launch in captures, at nice 19, with no GPU (the server's device
-view, pinned). A planner streams what it finds back over a pipe; the planning thread submits it to the
-families' pools as it arrives, so helpers start building while planners still enumerate.
+the server's GIL for as long as it runs. So the planning thread lists the launches (in priority order),
+cuts them into chunks of consecutive launches of one group, and forks planners from the server: each has
+the model, the providers' sites and every kernel library already imported, and claims the next chunk
+whenever it finished one, so all of them end together however uneven the launches' costs or the CPUs
+are. They run at nice 19, with no GPU (the server's device view, pinned). A planner streams what it
+finds back over a pipe; the planning thread submits it to the families' pools as it arrives, so helpers
+start building while planners still enumerate.
 
 A planner touches nothing of the server: it holds copies of the server's memory, uses no GPU, and is
 killed by the kernel when the planning thread that forked it ends. A planner that dies or stops making
-progress is replaced by a fresh one that resumes after the launch it was running (that launch is
-reported and skipped); a shard that keeps failing is run in the planning thread before serving, or
-given up with one log line once serving has started.
+progress is replaced; the launch it was running is reported and skipped, and the rest of its chunk goes
+back to be claimed again. What no planner could run is run in the planning thread before serving, or
+given up with one log line once serving has started. Once serving, only ``serving_count`` planners go
+on; the others exit after their chunk.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import mmap
@@ -24,12 +28,14 @@ import select
 import signal
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .priority import Priority
 from .processes import ForkedChild, detach_from_server, end_tree, fork_quietly, lower_priority
@@ -39,8 +45,9 @@ log = logging.getLogger("jit_ahead.planning")
 
 SEND_EVERY_S = 0.25  # a planner sends what it found at least this often
 STALL_S = 60.0  # a planner whose launch runs this long without returning is taken to hang
-PAUSE_POLL_S = 0.1  # how often a paused planner looks whether it may go on
-MAX_RESPAWNS = 3  # per shard, before its rest runs in the planning thread (or is given up while serving)
+MAX_RESPAWNS = 3  # replacements per planner slot, before the slot is left empty
+MAX_CHUNK = 64  # launches a planner claims at a time, at most
+CHUNKS_PER_PLANNER = 32  # at least this many chunks per planner, so that planners end together
 
 
 _in_planner = False
@@ -79,8 +86,12 @@ class Found:
 
 
 @dataclass(frozen=True)
-class GroupDone:
-    group: int
+class RangeDone:
+    """Every launch of ``Range(chunk, first, last)`` has run and what it found was sent."""
+
+    chunk: int
+    first: int
+    last: int
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,84 @@ class Position:
     item: int
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Launches ``first`` to ``last`` (excluded) of group ``group``: what a planner claims at a time."""
+
+    group: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class Range:
+    """Launches ``first`` to ``last`` (excluded) of chunk ``chunk``: a whole chunk, or what is left of one
+    whose planner died in it."""
+
+    chunk: int
+    first: int
+    last: int
+
+    def __len__(self) -> int:
+        return self.last - self.first
+
+
+def chunks_from(groups: Sequence[LaunchGroup], start: Position, planners: int) -> list[Chunk]:
+    """The launches from ``start`` on, in order, cut into chunks of one group each: small enough that
+    ``planners`` planners claiming them one after another end close together."""
+    total = sum(len(g.items) for g in groups[start.group:]) - (start.item if start.group < len(groups) else 0)
+    size = max(1, min(MAX_CHUNK, total // max(1, planners * CHUNKS_PER_PLANNER)))
+    chunks = []
+    for g in range(start.group, len(groups)):
+        for first in range(start.item if g == start.group else 0, len(groups[g].items), size):
+            chunks.append(Chunk(g, first, min(first + size, len(groups[g].items))))
+    return chunks
+
+
+class _Book:
+    """The ranges not run yet; tells the sink each group done, in order, once none of its ranges is
+    left."""
+
+    def __init__(self, groups: Sequence[LaunchGroup], chunks: list[Chunk], sink: Sink, first_group: int) -> None:
+        self._groups = groups
+        self._chunks = chunks
+        self._sink = sink
+        self.open: set[Range] = {Range(k, c.first, c.last) for k, c in enumerate(chunks)}
+        self._left = Counter(c.group for c in chunks)
+        self._next = first_group  # groups below this were reported done
+
+    def group_of(self, part: Range) -> int:
+        return self._chunks[part.chunk].group
+
+    def done(self, part: Range) -> None:
+        if part in self.open:
+            self.open.discard(part)
+            self._left[self.group_of(part)] -= 1
+        self._advance()
+
+    def split(self, part: Range, culprit: int) -> list[Range]:
+        """``part`` is replaced by what is left of it without launch ``culprit``; returns the new ranges."""
+        if part not in self.open:
+            return []
+        self.done(part)
+        rest = [r for r in (Range(part.chunk, part.first, culprit), Range(part.chunk, culprit + 1, part.last)) if len(r)]
+        for r in rest:
+            self.open.add(r)
+            self._left[self.group_of(r)] += 1
+        self._advance()
+        return rest
+
+    def finish(self) -> None:
+        """Nothing more will run: report every group left."""
+        self._left.clear()
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._next < len(self._groups) and self._left[self._next] <= 0:
+            self._sink.group_done(self._next)
+            self._next += 1
+
+
 class _Captures:
     """One capture per family for a whole run (repeated shapes hit each capture's in-memory cache), and
     what of each has been reported already."""
@@ -141,70 +230,40 @@ class _Captures:
         return requests, groups
 
 
-def _positions(groups: Sequence[LaunchGroup], start: Position, offset: int, stride: int):
-    """The (group, item) positions of one shard from ``start`` on: items ``offset`` mod ``stride``."""
-    for g in range(start.group, len(groups)):
-        first = start.item if g == start.group else 0
-        first += (offset - first) % stride
-        for j in range(first, len(groups[g].items), stride):
-            yield Position(g, j)
-
-
 class _Runner:
-    """Runs positions in this process, one capture per family, and reports what they found through
-    ``found(group, requests, autotune_groups, failures)`` and ``group_done(group)``: every group before
-    the position now running is done (for this shard)."""
+    """Runs ranges of launches in this process, one capture per family for its whole life (repeated shapes
+    hit each capture's in-memory cache), and reports what they found through
+    ``found(group, requests, autotune_groups, failures)`` at least every SEND_EVERY_S and at the end of
+    each range."""
 
-    def __init__(self, groups: Sequence[LaunchGroup], families: dict, found: Callable, group_done: Callable,
-                 progress: Callable[[Position], None] | None = None,
-                 paused: Callable[[], bool] | None = None, waiting: Callable[[bool], None] = lambda _: None) -> None:
-        """``paused``: checked before each launch; while it is true the runner sends what it found and
-        waits (a planner asked to make room for serving), saying so through ``waiting(True)`` and
-        ``waiting(False)`` when it goes on."""
+    def __init__(self, groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict,
+                 found: Callable) -> None:
         self._groups = groups
-        self._families = families
+        self._chunks = chunks
         self._found = found
-        self._group_done = group_done
-        self._progress = progress
-        self._paused = paused
-        self._wait = waiting
+        self._stack = contextlib.ExitStack()
+        self._captures = _Captures(families, self._stack)
         self.launches = 0
 
-    def run(self, start: Position, offset: int, stride: int, stop: Callable[[], bool] = lambda: False) -> Position | None:
-        """Run the shard from ``start``; returns the position it stopped at when ``stop()`` turned true
-        (checked before each launch), None once it ran to the end."""
-        groups = self._groups
+    def close(self) -> None:
+        self._stack.close()
+
+    def run(self, part: Range, stop: Callable[[], bool] = lambda: False,
+            progress: Callable[[int], None] | None = None) -> int | None:
+        """Run ``part``; returns the launch where ``stop()`` turned true (checked before each), None once
+        all ran."""
+        group = self._chunks[part.chunk].group
+        items, family = self._groups[group].items, self._groups[group].family
         failures: dict = {}
-        with contextlib.ExitStack() as stack:
-            captures = _Captures(self._families, stack)
-            last = time.perf_counter()
-            current = start.group
-
-            def send(index: int) -> None:
-                requests, autotune_groups = captures.fresh(groups[index].family)
-                if requests or autotune_groups or failures:
-                    self._found(index, requests, autotune_groups, list(failures.values()))
-                    failures.clear()
-
-            for position in _positions(groups, start, offset, stride):
-                if position.group != current:
-                    send(current)
-                    for g in range(current, position.group):
-                        self._group_done(g)
-                    current = position.group
+        last = time.perf_counter()
+        try:
+            for item in range(part.first, part.last):
                 if stop():
-                    send(current)
-                    return position
-                if self._paused is not None and self._paused():
-                    send(current)  # what it found reaches the helpers before it waits
-                    self._wait(True)
-                    while self._paused():
-                        time.sleep(PAUSE_POLL_S)
-                    self._wait(False)
-                if self._progress is not None:
-                    self._progress(position)
-                provider, launch = groups[position.group].items[position.item]
-                captures.open(groups[position.group].family)
+                    return item
+                if progress is not None:
+                    progress(item)
+                provider, launch = items[item]
+                self._captures.open(family)
                 try:
                     launch.run()
                 except Exception as exc:
@@ -214,13 +273,17 @@ class _Runner:
                         failures[key] = Failure(provider.name, type(exc).__name__, text, launch.label)
                 self.launches += 1
                 if time.perf_counter() - last > SEND_EVERY_S:
-                    send(current)
+                    self._send(group, family, failures)
                     last = time.perf_counter()
-            if current < len(groups):
-                send(current)
-            for g in range(current, len(groups)):
-                self._group_done(g)
-        return None
+            return None
+        finally:
+            self._send(group, family, failures)
+
+    def _send(self, group: int, family: str, failures: dict) -> None:
+        requests, autotune_groups = self._captures.fresh(family)
+        if requests or autotune_groups or failures:
+            self._found(group, requests, autotune_groups, list(failures.values()))
+            failures.clear()
 
 
 def _deliver(sink: Sink, group: int, requests, autotune_groups, failures) -> None:
@@ -231,43 +294,159 @@ def _deliver(sink: Sink, group: int, requests, autotune_groups, failures) -> Non
         sink.failed(failure)
 
 
+def run_ranges_here(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict, sink: Sink, book: _Book,
+                    ranges: list[Range], stop: Callable[[], bool]) -> tuple[Range, int] | None:
+    """Run ``ranges`` in order in the calling thread; where ``stop()`` turned true (the range, and its
+    first launch not run), or None once all ran."""
+    runner = _Runner(groups, chunks, families, functools.partial(_deliver, sink))
+    try:
+        for part in ranges:
+            stopped = runner.run(part, stop)
+            if stopped is not None:
+                return part, stopped
+            book.done(part)
+        return None
+    finally:
+        runner.close()
+
+
+def _left_after(book: _Book, stopped: tuple[Range, int]) -> int:
+    """Launches not run: the open ranges, less what ran of the one stopped in."""
+    part, item = stopped
+    return sum(len(r) for r in book.open) - (item - part.first)
+
+
 def run_in_thread(groups: Sequence[LaunchGroup], families: dict, sink: Sink, start: Position,
                   stop: Callable[[], bool]) -> Position | None:
     """Run every launch from ``start`` on in the calling thread; the position where ``stop()`` turned
-    true, or None once all ran."""
-    found = functools.partial(_deliver, sink)
-    return _Runner(groups, families, found, sink.group_done).run(start, 0, 1, stop)
+    true, or None once all ran (then every group was reported done)."""
+    chunks = chunks_from(groups, start, 1)
+    book = _Book(groups, chunks, sink, start.group)
+    stopped = run_ranges_here(groups, chunks, families, sink, book,
+                              [Range(k, c.first, c.last) for k, c in enumerate(chunks)], stop)
+    return None if stopped is None else Position(chunks[stopped[0].chunk].group, stopped[1])
+
+
+# -- shared between the planning thread and its planners ---------------------------------------------------
+class _Board:
+    """Shared memory of one planning run: the next chunk to claim, ranges handed back (the rest of a
+    chunk whose planner died), and per planner slot the range and launch it runs and whether it is asked
+    to stop. Claims take a POSIX record lock on an unlinked file: the kernel drops it with its holder, so
+    a planner killed while claiming leaves no lock behind (``flock`` would not do: forks share one open
+    file description, hence one flock)."""
+
+    _HEAD = struct.Struct("!ii")  # next chunk, ranges handed back
+    _RANGE = struct.Struct("!iii")
+    _SLOT = struct.Struct("!iiiib")  # chunk, first, last, launch running (-1: none yet), stop asked
+    RETURNED = 256  # ranges handed back at a time; more wait in the planning thread
+
+    def __init__(self, chunks: int, slots: int) -> None:
+        self.chunks = chunks
+        self._slots_at = self._HEAD.size + self.RETURNED * self._RANGE.size
+        self._memory = mmap.mmap(-1, self._slots_at + slots * self._SLOT.size)
+        self._lock_file = tempfile.TemporaryFile()
+        self.lock_fd = self._lock_file.fileno()
+        for slot in range(slots):
+            self.reset(slot)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        fcntl.lockf(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self.lock_fd, fcntl.LOCK_UN)
+
+    def claim(self, slot: int, chunks: Sequence[Chunk]) -> Range | None:
+        """In a planner: the next range to run (one handed back first), noted as this slot's; None when
+        nothing is left to claim."""
+        with self._locked():
+            following, returned = self._HEAD.unpack_from(self._memory, 0)
+            if returned:
+                part = Range(*self._RANGE.unpack_from(self._memory, self._HEAD.size + (returned - 1) * self._RANGE.size))
+                returned -= 1
+            elif following < self.chunks:
+                chunk = chunks[following]
+                part = Range(following, chunk.first, chunk.last)
+                following += 1
+            else:
+                return None
+            self.note(slot, part, -1)  # before the claim is counted: a planner dying in between repeats it
+            self._HEAD.pack_into(self._memory, 0, following, returned)
+            return part
+
+    def hand_back(self, parts: list[Range]) -> list[Range]:
+        """In the planning thread: ranges for planners to claim again; returns those that did not fit."""
+        with self._locked():
+            following, returned = self._HEAD.unpack_from(self._memory, 0)
+            while parts and returned < self.RETURNED:
+                self._RANGE.pack_into(self._memory, self._HEAD.size + returned * self._RANGE.size, *astuple(parts.pop()))
+                returned += 1
+            self._HEAD.pack_into(self._memory, 0, following, returned)
+        return parts
+
+    def take_all(self) -> None:
+        """In the planning thread, once no planner is left: nothing more is claimed from the board."""
+        with self._locked():
+            self._HEAD.pack_into(self._memory, 0, self.chunks, 0)
+
+    def note(self, slot: int, part: Range | None, launch: int) -> None:
+        at = self._slots_at + slot * self._SLOT.size
+        stop = self._memory[at + self._SLOT.size - 1]
+        chunk, first, last = (part.chunk, part.first, part.last) if part is not None else (-1, -1, -1)
+        self._SLOT.pack_into(self._memory, at, chunk, first, last, launch, stop)
+
+    def running(self, slot: int) -> tuple[Range | None, int]:
+        """The range a slot's planner runs (None: none) and the launch it is in (-1: none yet)."""
+        chunk, first, last, launch, _ = self._SLOT.unpack_from(self._memory, self._slots_at + slot * self._SLOT.size)
+        return (Range(chunk, first, last) if chunk >= 0 else None), launch
+
+    def ask_to_stop(self, slot: int) -> None:
+        self._memory[self._slots_at + (slot + 1) * self._SLOT.size - 1] = 1
+
+    def stop_asked(self, slot: int) -> bool:
+        return self._memory[self._slots_at + (slot + 1) * self._SLOT.size - 1] != 0
+
+    def reset(self, slot: int) -> None:
+        self._SLOT.pack_into(self._memory, self._slots_at + slot * self._SLOT.size, -1, -1, -1, -1, 0)
+
+    def close(self) -> None:
+        self._lock_file.close()
+
+
+def astuple(part: Range) -> tuple[int, int, int]:
+    return part.chunk, part.first, part.last
 
 
 # -- in a planner process ----------------------------------------------------------------------------------
-def _planner_main(groups: Sequence[LaunchGroup], families: dict, start: Position, offset: int, stride: int,
-                  out_fd: int, progress: mmap.mmap, pauses: mmap.mmap, slot: int, enter: Callable[[], None]) -> None:
+def _planner_main(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict, board: _Board, slot: int,
+                  out_fd: int, enter: Callable[[], None]) -> None:
     t0 = time.perf_counter()
     out = os.fdopen(out_fd, "wb", buffering=0)
 
     def found(group, requests, autotune_groups, failures):
         write_message(out, Found(group, tuple(requests), tuple(autotune_groups), tuple(failures)))
 
-    def at(position: Position) -> None:
-        struct.pack_into("!ii", progress, 8 * slot, position.group, position.item)
-
     enter()
-    def waiting(now: bool) -> None:
-        pauses[2 * slot + 1] = int(now)
-
-    runner = _Runner(groups, families, found, lambda g: write_message(out, GroupDone(g)), at,
-                     lambda: pauses[2 * slot] != 0, waiting)
-    runner.run(start, offset, stride)
-    struct.pack_into("!ii", progress, 8 * slot, -1, -1)
+    runner = _Runner(groups, chunks, families, found)
+    try:
+        while not board.stop_asked(slot):
+            part = board.claim(slot, chunks)
+            if part is None:
+                break
+            runner.run(part, progress=lambda item, part=part: board.note(slot, part, item))
+            write_message(out, RangeDone(*astuple(part)))
+            board.note(slot, None, -1)
+    finally:
+        runner.close()
     write_message(out, Finished(runner.launches, time.perf_counter() - t0))
     out.close()
 
 
-def _fork_planner(groups, families, start: Position, offset: int, stride: int, progress: mmap.mmap,
-                  pauses: mmap.mmap, slot: int, enter: Callable[[], None]) -> tuple[int, object]:
+def _fork_planner(groups, chunks, families, board: _Board, slot: int, enter: Callable[[], None]) -> tuple[int, object]:
     """Fork one planner; returns (pid, the parent's read end). Raises OSError if it cannot fork."""
     read_fd, write_fd = os.pipe()
-    struct.pack_into("!ii", progress, 8 * slot, -1, -1)
+    board.reset(slot)
     pid = fork_quietly()
     if pid == 0:  # the planner
         global _in_planner
@@ -275,9 +454,9 @@ def _fork_planner(groups, families, start: Position, offset: int, stride: int, p
         code = 0
         try:
             os.close(read_fd)
-            detach_from_server(keep=(write_fd,))
+            detach_from_server(keep=(write_fd, board.lock_fd))
             lower_priority()
-            _planner_main(groups, families, start, offset, stride, write_fd, progress, pauses, slot, enter)
+            _planner_main(groups, chunks, families, board, slot, write_fd, enter)
         except BaseException:  # noqa: BLE001 - a planner must never return into the server's code
             code = 1
             with contextlib.suppress(Exception):
@@ -289,82 +468,62 @@ def _fork_planner(groups, families, start: Position, offset: int, stride: int, p
 
 
 @dataclass
-class _Shard:
-    offset: int
-    start: Position
-    slot: int
+class _Slot:
+    index: int
     pid: int = 0
     stream: object = None
-    last_news: float = field(default_factory=time.monotonic)
-    last_progress: tuple = (-1, -1)
-    groups_done: int = 0
+    last_news: float = 0.0
+    last_progress: tuple = ()
     respawns: int = 0
     finished: bool = False
-    paused: bool = False  # asked to wait while serving, until another planner finishes
-    given_up: bool = False  # no more planners for it: its rest runs in the planning thread, or is lost
+    stopping: bool = False  # asked to exit after its range (serving)
 
 
 class ForkedPlanners:
-    """``count`` planner processes sharing ``groups`` (planner k runs items k, k + count, ... of each)."""
+    """``count`` planner processes claiming chunks of ``groups`` from ``start`` on until none is left."""
 
     def __init__(self, groups: Sequence[LaunchGroup], families: dict, sink: Sink, count: int,
                  enter: Callable[[], None], start: Position = Position(0, 0), stall_s: float | None = None,
                  serving_count: int | None = None) -> None:
-        """``serving_count``: planners left running once serving starts (the others are paused, and
-        resumed one at a time as running ones finish); None: all keep running."""
-        self._serving_count = serving_count
+        """``serving_count``: planners left running once serving starts (the others exit after their
+        range, and the rest is claimed by those); None: all keep running."""
         self._groups = groups
         self._families = families
         self._sink = sink
-        self._count = count
         self._enter = enter
         self._stall_s = STALL_S if stall_s is None else stall_s
-        self._progress = mmap.mmap(-1, 8 * count)
-        # two bytes per planner: this thread's request that it wait (serving), and its own "waiting now"
-        self._pauses = mmap.mmap(-1, 2 * count)
-        self._shards = [_Shard(k, start, k, groups_done=start.group) for k in range(count)]
-        self._signalled = start.group  # groups below this were reported done to the sink
+        self._serving_count = serving_count
+        self._chunks = chunks_from(groups, start, count)
+        self._book = _Book(groups, self._chunks, sink, start.group)
+        self._board = _Board(len(self._chunks), count)
+        self._returned: list[Range] = []  # handed back, waiting for room on the board
+        self._slots = [_Slot(k) for k in range(count)]
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
         self._pids: set[int] = set()
         self.planner_seconds: list[float] = []  # each finished planner's own time, fork to last launch
 
     def run(self, cancelled: threading.Event, serving: Callable[[], bool]) -> None:
-        """Fork the planners and feed the sink until every shard is done, or ``cancelled`` is set (then
-        the planners are killed). Raises OSError if not even the first planner could be forked."""
+        """Fork the planners and feed the sink until every launch ran, or ``cancelled`` is set (then the
+        planners are killed). Raises OSError if not even the first planner could be forked."""
         self._cancelled = cancelled
-        self._spawn(self._shards[0])
-        for shard in self._shards[1:]:
-            try:
-                self._spawn(shard)
-            except OSError as exc:  # fewer planners than asked; the others take nothing of its share
-                log.warning("planner %d could not be forked (%s); its share runs in the planning thread",
-                            shard.slot, exc)
-                shard.given_up = True
-        while not cancelled.is_set():
-            live = [s for s in self._shards if s.stream is not None]
-            if not live:
-                break
-            self._pace(live, serving())
-            readable, _, _ = select.select([s.stream for s in live], [], [], 0.2)
-            for shard in live:
-                if shard.stream in readable:
-                    self._read(shard)
-                elif self._pauses[2 * shard.slot + 1]:  # waiting as asked: its stall clock stands still
-                    shard.last_news = time.monotonic()
-                elif self._stalled(shard):
-                    log.warning("planner (pid %d) made no progress for %.0fs in %s; killed", shard.pid,
-                                self._stall_s, self._label(shard))
-                    end_tree(shard.pid)
-        if cancelled.is_set():
-            self.kill()
-            for shard in self._shards:
-                if shard.stream is not None:
-                    self._close(shard)
-            return
-        for shard in self._shards:
-            if shard.given_up:
-                self._run_here(shard, cancelled, serving)
+        try:
+            self._spawn(self._slots[0])
+            for slot in self._slots[1:]:
+                try:
+                    self._spawn(slot)
+                except OSError as exc:  # fewer planners than asked: the others claim its share
+                    log.warning("planner %d could not be forked (%s); the others take its share", slot.index, exc)
+            self._watch(cancelled, serving)
+            if cancelled.is_set():
+                self.kill()
+                for slot in self._slots:
+                    if slot.stream is not None:
+                        self._close(slot)
+                return
+            self._run_rest_here(cancelled, serving)
+        finally:
+            self._board.close()
 
     def kill(self) -> None:
         """Kill every planner; safe from any thread (the planning thread then sees their pipes end)."""
@@ -374,134 +533,136 @@ class ForkedPlanners:
             end_tree(pid)
 
     # -- internals ----------------------------------------------------------------------------------------
-    def _pace(self, live: list[_Shard], serving: bool) -> None:
-        """Once serving: no more than ``serving_count`` planners run; the others wait after their current
-        launch (having sent what they found), and one goes on whenever a running one ends. A planner
-        waits of its own accord, at a launch boundary: one stopped by a signal could be stopped halfway
-        through a message this thread is reading."""
-        if not serving or self._serving_count is None:
-            return
-        running = [s for s in live if not s.paused]
-        for shard in running[self._serving_count:]:
-            self._pauses[2 * shard.slot] = 1
-            shard.paused = True
-        if len(running) > self._serving_count:
-            log.info("serving started: %d planners wait, %d go on (JIT_AHEAD_SERVING_PLANNERS)",
-                     len(running) - self._serving_count, self._serving_count)
-        waiting = [s for s in live if s.paused]
-        for shard in waiting[:max(0, self._serving_count - len(running))]:
-            self._pauses[2 * shard.slot] = 0
-            shard.paused = False
+    def _watch(self, cancelled: threading.Event, serving: Callable[[], bool]) -> None:
+        while not cancelled.is_set():
+            live = [s for s in self._slots if s.stream is not None]
+            if not live:
+                return
+            if self._returned:
+                self._returned = self._board.hand_back(self._returned)
+            if serving():
+                self._make_room(live)
+            readable, _, _ = select.select([s.stream for s in live], [], [], 0.2)
+            for slot in live:
+                if slot.stream in readable:
+                    self._read(slot)
+                elif self._stalled(slot):
+                    log.warning("planner (pid %d) made no progress for %.0fs in %s; killed", slot.pid,
+                                self._stall_s, self._label(slot))
+                    end_tree(slot.pid)
 
-    def _spawn(self, shard: _Shard) -> None:
-        self._pauses[2 * shard.slot:2 * shard.slot + 2] = b"\0\0"
-        pid, stream = _fork_planner(self._groups, self._families, shard.start, shard.offset, self._count,
-                                    self._progress, self._pauses, shard.slot, self._enter)
+    def _make_room(self, live: list[_Slot]) -> None:
+        """Serving: planners beyond ``serving_count`` exit after the range they run."""
+        if self._serving_count is None:
+            return
+        going = [s for s in live if not s.stopping]
+        for slot in going[self._serving_count:]:
+            self._board.ask_to_stop(slot.index)
+            slot.stopping = True
+        if len(going) > self._serving_count:
+            log.info("serving started: %d planners stop after their current launches, %d go on "
+                     "(JIT_AHEAD_SERVING_PLANNERS)", len(going) - self._serving_count, self._serving_count)
+
+    def _spawn(self, slot: _Slot) -> None:
+        pid, stream = _fork_planner(self._groups, self._chunks, self._families, self._board, slot.index, self._enter)
         with self._lock:
             self._pids.add(pid)
-        shard.pid, shard.stream, shard.paused = pid, stream, False
-        shard.last_news, shard.last_progress = time.monotonic(), (-1, -1)
+        slot.pid, slot.stream, slot.finished = pid, stream, False
+        slot.last_news, slot.last_progress = time.monotonic(), ()
 
-    def _current(self, shard: _Shard) -> Position | None:
-        g, j = struct.unpack_from("!ii", self._progress, 8 * shard.slot)
-        return None if g < 0 else Position(g, j)
+    def _label(self, slot: _Slot) -> str:
+        part, launch = self._board.running(slot.index)
+        if part is None or launch < 0:
+            return "its start" if part is None else "a claim"
+        return f"launch {self._groups[self._book.group_of(part)].items[launch][1].label}"
 
-    def _label(self, shard: _Shard) -> str:
-        at = self._current(shard)
-        return "its start" if at is None else f"launch {self._groups[at.group].items[at.item][1].label}"
-
-    def _stalled(self, shard: _Shard) -> bool:
+    def _stalled(self, slot: _Slot) -> bool:
         now = time.monotonic()
-        at = self._current(shard)
-        key = (at.group, at.item) if at else (-1, -1)
-        if key != shard.last_progress:
-            shard.last_progress, shard.last_news = key, now
+        key = self._board.running(slot.index)
+        if key != slot.last_progress:
+            slot.last_progress, slot.last_news = key, now
             return False
-        return now - shard.last_news > self._stall_s
+        return now - slot.last_news > self._stall_s
 
-    def _read(self, shard: _Shard) -> None:
+    def _read(self, slot: _Slot) -> None:
         try:
-            message = read_message(shard.stream)
+            message = read_message(slot.stream)
         except (ProtocolError, OSError, EOFError) as exc:
-            log.warning("planner (pid %d): broken stream (%s)", shard.pid, exc)
+            log.warning("planner (pid %d): broken stream (%s)", slot.pid, exc)
             message = None
-        shard.last_news = time.monotonic()
+        slot.last_news = time.monotonic()
         if isinstance(message, Found):
             _deliver(self._sink, message.group, message.requests, message.groups, message.failures)
-        elif isinstance(message, GroupDone):
-            self._shard_done_with(shard, message.group + 1)
+        elif isinstance(message, RangeDone):
+            self._book.done(Range(message.chunk, message.first, message.last))
         elif isinstance(message, Finished):
-            shard.finished = True
+            slot.finished = True
             self.planner_seconds.append(message.seconds)
-            log.debug("planner (pid %d) ran %d launches in %.1fs", shard.pid, message.launches, message.seconds)
+            log.debug("planner (pid %d) ran %d launches in %.1fs", slot.pid, message.launches, message.seconds)
         elif message is None:
-            self._ended(shard)
+            self._ended(slot)
 
-    def _shard_done_with(self, shard: _Shard, groups: int) -> None:
-        """``shard`` has run all its launches of the groups below ``groups``: report every group all
-        shards are done with."""
-        shard.groups_done = max(shard.groups_done, groups)
-        done = min(s.groups_done for s in self._shards)
-        while self._signalled < done:
-            self._sink.group_done(self._signalled)
-            self._signalled += 1
-
-    def _ended(self, shard: _Shard) -> None:
-        at = self._current(shard)
-        self._close(shard)
-        if shard.finished or self._cancelled.is_set():  # done, or killed because planning is cancelled
+    def _ended(self, slot: _Slot) -> None:
+        part, launch = self._board.running(slot.index)
+        self._close(slot)
+        if slot.finished or self._cancelled.is_set():  # done, or killed because planning is cancelled
             return
-        how = _reap(shard.pid)
-        if at is None:  # it died before its first launch (or after its last)
-            resume, where = shard.start, "before its first launch"
-        else:
-            provider, launch = self._groups[at.group].items[at.item]
-            where = f"in launch {launch.label}, which is skipped"
-            self._sink.failed(Failure(provider.name, "PlannerDied", f"the planner {how}", launch.label))
-            resume = Position(at.group, at.item + 1)
-        shard.start = resume
-        self._shard_done_with(shard, resume.group)
-        shard.respawns += 1
-        if shard.respawns <= MAX_RESPAWNS:
-            log.warning("planner (pid %d) %s %s; a new planner goes on with its share", shard.pid, how, where)
+        how = _reap(slot.pid)
+        where = "before its first launch"
+        if part is not None and launch >= 0:
+            group = self._book.group_of(part)
+            provider, planned = self._groups[group].items[launch]
+            where = f"in launch {planned.label}, which is skipped"
+            self._sink.failed(Failure(provider.name, "PlannerDied", f"the planner {how}", planned.label))
+            self._returned.extend(self._book.split(part, launch))
+        elif part is not None and part in self._book.open:
+            self._returned.append(part)  # claimed, not started
+        self._returned = self._board.hand_back(self._returned)  # before a new planner claims
+        slot.respawns += 1
+        if slot.stopping:
+            log.warning("planner (pid %d) %s %s", slot.pid, how, where)
+            return
+        if slot.respawns <= MAX_RESPAWNS:
+            log.warning("planner (pid %d) %s %s; a new planner takes its place", slot.pid, how, where)
             try:
-                self._spawn(shard)
+                self._spawn(slot)
                 return
             except OSError as exc:
                 log.warning("the planner could not be forked again (%s)", exc)
         else:
-            log.warning("planner (pid %d) %s %s; it failed %d times, so its share is not forked again",
-                        shard.pid, how, where, shard.respawns)
-        shard.given_up = True
+            log.warning("planner (pid %d) %s %s; it failed %d times, so it is not forked again",
+                        slot.pid, how, where, slot.respawns)
 
-    def _run_here(self, shard: _Shard, cancelled: threading.Event, serving: Callable[[], bool]) -> None:
-        """A shard no planner could finish: in this thread before serving, else given up."""
-        remaining = sum(1 for _ in _positions(self._groups, shard.start, shard.offset, self._count))
-        if serving():
-            if remaining:
-                self._sink.lost(shard.start.group, remaining, "its planner failed after serving started")
-            self._shard_done_with(shard, len(self._groups))
+    def _run_rest_here(self, cancelled: threading.Event, serving: Callable[[], bool]) -> None:
+        """Launches no planner ran (every planner failed, or stopped at serving with work left): in this
+        thread before serving, else given up."""
+        self._board.take_all()
+        rest = sorted(self._book.open, key=lambda r: (r.chunk, r.first))
+        remaining = sum(len(r) for r in rest)
+        if not remaining:
+            self._book.finish()
             return
-        if remaining:
-            log.warning("%d launches of a failed planner run in the planning thread", remaining)
-
-        runner = _Runner(self._groups, self._families, functools.partial(_deliver, self._sink),
-                         lambda g: self._shard_done_with(shard, g + 1))
-        stopped = runner.run(shard.start, shard.offset, self._count,
-                             lambda: cancelled.is_set() or serving())
+        first_group = self._book.group_of(rest[0])
+        if serving():
+            self._sink.lost(first_group, remaining, "its planners failed after serving started")
+            self._book.finish()
+            return
+        log.warning("%d launches no planner could run run in the planning thread", remaining)
+        stopped = run_ranges_here(self._groups, self._chunks, self._families, self._sink, self._book, rest,
+                                  lambda: cancelled.is_set() or serving())
         if stopped is not None:
-            rest = sum(1 for _ in _positions(self._groups, stopped, shard.offset, self._count))
-            self._sink.lost(stopped.group, rest, "serving started before the planning thread ran them")
-            self._shard_done_with(shard, len(self._groups))
+            self._sink.lost(self._book.group_of(stopped[0]), _left_after(self._book, stopped),
+                            "serving started before the planning thread ran them")
+        self._book.finish()
 
-    def _close(self, shard: _Shard) -> None:
+    def _close(self, slot: _Slot) -> None:
         with contextlib.suppress(OSError):
-            shard.stream.close()
-        shard.stream = None
+            slot.stream.close()
+        slot.stream = None
         with self._lock:
-            self._pids.discard(shard.pid)
-        if shard.finished:
-            _reap(shard.pid)
+            self._pids.discard(slot.pid)
+        if slot.finished:
+            _reap(slot.pid)
 
 
 def _reap(pid: int) -> str:
