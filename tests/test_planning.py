@@ -69,7 +69,8 @@ def test_planners_run_every_launch_off_the_server_and_find_what_a_thread_finds(s
     forked = session.plan_model(model(), LIMITS, [WhereProvider(where)])
     assert forked.wait(300) and not forked.errors
     pids = set(map(int, where.read_text().split()))
-    assert os.getpid() not in pids and len(pids) == 2  # two planners, none of it in this process
+    # planners claim chunks as they go: a planner forked first may run all of a small plan
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
     assert len(where.read_text().split()) == forked.launches
 
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", "0")
