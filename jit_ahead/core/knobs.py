@@ -89,9 +89,9 @@ def serving_worker_count() -> int:
 
 def serving_planner_count() -> int:
     """JIT_AHEAD_SERVING_PLANNERS: planners that keep enumerating once serving has started; the others
-    are paused (SIGSTOP) and resumed one by one as running planners finish, so planning left over at
-    serving shares the spare CPUs with the helpers still building instead of taking them all. Default:
-    half the serving helpers, at least one."""
+    exit after the chunk they run and the ones left claim the rest, so planning left over at serving
+    shares the spare CPUs with the helpers still building instead of taking them all. Default: half the
+    serving helpers, at least one."""
     return env_int("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
 
 

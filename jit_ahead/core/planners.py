@@ -380,7 +380,7 @@ class _Board:
         with self._locked():
             following, returned = self._HEAD.unpack_from(self._memory, 0)
             while parts and returned < self.RETURNED:
-                self._RANGE.pack_into(self._memory, self._HEAD.size + returned * self._RANGE.size, *astuple(parts.pop()))
+                self._RANGE.pack_into(self._memory, self._HEAD.size + returned * self._RANGE.size, *_bounds(parts.pop()))
                 returned += 1
             self._HEAD.pack_into(self._memory, 0, following, returned)
         return parts
@@ -414,7 +414,7 @@ class _Board:
         self._lock_file.close()
 
 
-def astuple(part: Range) -> tuple[int, int, int]:
+def _bounds(part: Range) -> tuple[int, int, int]:
     return part.chunk, part.first, part.last
 
 
@@ -435,7 +435,7 @@ def _planner_main(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], famili
             if part is None:
                 break
             runner.run(part, progress=lambda item, part=part: board.note(slot, part, item))
-            write_message(out, RangeDone(*astuple(part)))
+            write_message(out, RangeDone(*_bounds(part)))
             board.note(slot, None, -1)
     finally:
         runner.close()
