@@ -32,6 +32,27 @@ def fla_gated_deltanet(device="meta", dtype=torch.bfloat16, layers: int = 2):
         return GatedDeltaNetForCausalLM(config).to(dtype).eval()
 
 
+def qwen35_hybrid(device="meta", dtype=torch.bfloat16, layers: int = 4, hidden: int = 1024):
+    """transformers' Qwen3.5 text model, a hybrid no provider knows by class: transformers' own
+    GatedDeltaNet layers (three of every four) call fla's ops, the fourth is full attention; Liger's
+    RMSNorm and SwiGLU patched in."""
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen3_5
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    apply_liger_kernel_to_qwen3_5(rope=False, rms_norm=True, swiglu=True)  # Liger has no Qwen3.5 RoPE
+    config = Qwen3_5TextConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                               num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                               linear_num_value_heads=8, linear_num_key_heads=4, linear_key_head_dim=128,
+                               linear_value_head_dim=128, vocab_size=4096, max_position_embeddings=32768,
+                               layer_types=[("full_attention" if i % 4 == 3 else "linear_attention")
+                                            for i in range(layers)])
+    with torch.device(device):
+        return Qwen3_5ForCausalLM(config).to(dtype).eval()
+
+
+MODELS = {"qwen3-liger": liger_qwen3, "gated-deltanet": fla_gated_deltanet, "qwen35-hybrid": qwen35_hybrid}
+
+
 def new_cache(model):
     if type(model).__module__.startswith("fla."):
         from fla.models.utils import Cache

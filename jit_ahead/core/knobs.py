@@ -150,3 +150,9 @@ def guard_mode() -> str:
     one warning naming the variant and how it differs from the nearest planned one, ``error`` raises,
     ``off`` says nothing."""
     return env_choice("JIT_AHEAD_MODE", GUARD_MODES, "warn")
+
+
+def model_planner_enabled() -> bool:
+    """``JIT_AHEAD_MODEL_PLANNER`` (on|off, default on): plan each model's own forward beyond the layers
+    library providers know."""
+    return env_choice("JIT_AHEAD_MODEL_PLANNER", ("on", "off"), "on") == "on"

@@ -65,6 +65,7 @@ class PlanningRun(Sink):
         self._groups: list[LaunchGroup] = []
         self._group_variants: dict[int, int] = defaultdict(int)
         self._group_queued: dict[int, int] = defaultdict(int)
+        self._group_kernels: dict[int, dict[str, int]] = defaultdict(dict)  # kernel -> new variants
         self._enumeration_started = 0.0
         self._planners_running: ForkedPlanners | None = None
         self._store = store
@@ -218,29 +219,36 @@ class PlanningRun(Sink):
                         type(self._model).__name__, len(saved.errors), saved.errors[0])
 
     def _list_launches(self) -> list[LaunchGroup]:
-        """Each provider finds its layers and lists its launches; grouped by (priority, family), WARMUP
-        first."""
-        groups: dict[tuple[Priority, str], list] = defaultdict(list)
-        for provider in self._providers:
+        """Each provider finds its layers and lists its launches, the model-level planner last with what
+        the others claim; grouped by (priority, family, provider), WARMUP first."""
+        from ..providers.base import Claims
+
+        groups: dict[tuple[Priority, str, int], list] = defaultdict(list)
+        claims = Claims()
+        ordered = sorted(enumerate(self._providers), key=lambda ip: ip[1].sees_claims)
+        for index, provider in ordered:
             if self._cancelled.is_set():
                 break
             try:
-                layers = provider.find_layers(self._model)
+                layers = (provider.find_layers(self._model, claims, self._limits, self._cancelled.is_set)
+                          if provider.sees_claims
+                          else provider.find_layers(self._model))
                 family = self._families.get(provider.family)
                 if layers and family is not None and provider.modules:
                     # Helpers import the library while its launches are enumerated; a library the
                     # model does not use is never imported there.
                     family.pool.preload(provider.modules)
                 launches = list(provider.launches(layers, self._limits)) if layers else []
+                claims |= provider.claims(self._model, layers)
             except Exception as exc:
                 self._fail(provider, "enumeration", exc)
                 continue
             if family is None:
                 continue
             for launch in launches:
-                groups[(launch.priority, provider.family)].append((provider, launch))
+                groups[(launch.priority, provider.family, index)].append((provider, launch))
         return [LaunchGroup(priority, family, items)
-                for (priority, family), items in sorted(groups.items(), key=lambda kv: kv[0][0])]
+                for (priority, family, _), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2]))]
 
     def _enumerate(self) -> None:
         self._enumeration_started = time.perf_counter()
@@ -304,6 +312,9 @@ class PlanningRun(Sink):
             self._seen[request] = (priority, launch_group.family)
         self.variants[priority] += len(fresh)
         self._group_variants[group] += len(fresh)
+        for request in fresh:
+            kernel = getattr(request, "name", "?")
+            self._group_kernels[group][kernel] = self._group_kernels[group].get(kernel, 0) + 1
         if autotune_groups:
             self._result.groups.setdefault(launch_group.family, []).extend(autotune_groups)
         if fresh:
@@ -317,6 +328,8 @@ class PlanningRun(Sink):
     def group_done(self, group: int) -> None:
         launch_group = self._groups[group]
         self._stats.emit("planned", family=launch_group.family, priority=launch_group.priority.name,
+                         provider=launch_group.items[0][0].name if launch_group.items else "",
+                         kernels=self._group_kernels[group],
                          launches=len(launch_group.items), variants=self._group_variants[group],
                          queued=self._group_queued[group], seconds=time.perf_counter() - self._enumeration_started)
         following = self._groups[group + 1].priority if group + 1 < len(self._groups) else None

@@ -20,6 +20,19 @@ class PlannedLaunch:
     label: str
 
 
+@dataclass(frozen=True)
+class Claims:
+    """What providers plan in full, so that the model-level planner need not: modules (by ``id`` of the
+    model's own module) whose every launch a provider plans, and kernels (by name) a provider plans at
+    every call wherever they are launched from."""
+
+    modules: frozenset[int] = frozenset()
+    kernels: frozenset[str] = frozenset()
+
+    def __or__(self, other: "Claims") -> "Claims":
+        return Claims(self.modules | other.modules, self.kernels | other.kernels)
+
+
 class Provider(ABC):
     """Subclass per kernel library or layer type. Providers never compile or launch anything themselves:
     the session runs their launches in a capture and queues the requests."""
@@ -32,6 +45,10 @@ class Provider(ABC):
     modules: ClassVar[tuple[str, ...]] = ()
     # the EngineLimits.extra keys it reads, each with what it does: planning names any other key once
     extra_limits: ClassVar[dict[str, str]] = {}
+    # True for a planner of what other providers leave (the model-level planner): it runs after them and
+    # its ``find_layers`` also gets what they claim, the limits and whether planning was cancelled:
+    # ``find_layers(model, claims, limits, stop)``
+    sees_claims: ClassVar[bool] = False
 
     @abstractmethod
     def find_layers(self, model) -> list:
@@ -40,6 +57,11 @@ class Provider(ABC):
     @abstractmethod
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         """Every launch the layers can make within ``limits``; duplicates are fine (deduplicated later)."""
+
+    def claims(self, model, sites: list) -> Claims:
+        """What this provider plans in full among what ``find_layers`` returned (default: nothing); the
+        model-level planner leaves it out of its own sweep."""
+        return Claims()
 
 
 def warmup_token_counts(limits: EngineLimits) -> set[int]:

@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import logging
 
+from ..core.knobs import model_planner_enabled
 from .base import Provider
 
 log = logging.getLogger("jit_ahead.providers")
@@ -26,4 +27,8 @@ def builtin_providers() -> list[Provider]:
             providers.append(getattr(importlib.import_module(module), cls)())
         except Exception as exc:  # a broken install must not stop the others
             log.warning("provider for %s not available (%s: %s)", library, type(exc).__name__, exc)
+    if model_planner_enabled():
+        from .model import ModelProvider
+
+        providers.append(ModelProvider())  # after the library providers: it plans what they leave
     return providers

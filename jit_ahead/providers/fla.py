@@ -35,6 +35,7 @@ scripts/bench/planning_cost.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Iterator
@@ -46,7 +47,7 @@ from ..core.limits import EngineLimits
 from ..core.planners import in_planner
 from ..core.priority import Priority
 from ..core.processes import fork_safe_lock
-from .base import PlannedLaunch, Provider, is_warmup_shape
+from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
 from .meta import MetaCaller, ProbedCall, layer_settings, probe, with_host_indices_if_needed
 
 log = logging.getLogger("jit_ahead.providers.fla")
@@ -69,6 +70,7 @@ class ModuleSite:
     caller: MetaCaller
     call: ProbedCall
     label: str
+    members: tuple[int, ...] = ()  # ``id`` of every module whose every probed call this site plans
 
 
 def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
@@ -161,12 +163,30 @@ class FlaGatedDeltaNetProvider(Provider):
                 log.warning("fla: probe forward of %s on meta failed (%s: %s); only its GatedDeltaNet "
                             "layers are planned", type(model).__name__, type(exc).__name__, exc)
                 seen = {}
+            members: dict[tuple, list[int]] = {}
             for name, module in others:
-                for call in seen.get(id(module), {}):
+                calls = seen.get(id(module), {})
+                for call in calls:
                     if call.follows_tokens:
-                        distinct.setdefault((layer_settings(module), call),
-                                            ModuleSite(MetaCaller(module, inference=True), call, name))
+                        key = (layer_settings(module), call)
+                        distinct.setdefault(key, ModuleSite(MetaCaller(module, inference=True), call, name))
+                        if all(c.follows_tokens for c in calls):  # every call of it is planned
+                            members.setdefault(key, []).append(id(module))
+            for key, site in distinct.items():
+                if isinstance(site, ModuleSite):
+                    distinct[key] = dataclasses.replace(site, members=tuple(members.get(key, ())))
         return list(distinct.values())
+
+    def claims(self, model, sites: list) -> Claims:
+        """Every GatedDeltaNet layer (one per settings is planned; the others launch the same), and the
+        outer fla modules whose every probed call is planned at every shape."""
+        try:
+            from fla.layers import GatedDeltaNet
+        except ImportError:
+            return Claims()
+        layers = [id(m) for m in model.modules() if isinstance(m, GatedDeltaNet)] if sites else []
+        outer = [member for site in sites if isinstance(site, ModuleSite) for member in site.members]
+        return Claims(modules=frozenset(layers + outer))
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         graphs = set(limits.cuda_graph_batch_sizes)

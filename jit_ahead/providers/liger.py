@@ -22,6 +22,7 @@ How the reachable space is found:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, is_warmup_shape, warmup_token_counts
+from .base import Claims, PlannedLaunch, Provider, is_warmup_shape, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,
                    probe)
 
@@ -54,6 +55,7 @@ class RowWiseSite:
     call: ProbedCall
     ops: tuple[FunctionCall, ...] | None
     label: str
+    members: tuple[int, ...] = ()  # ``id`` of every layer that gets this call (the site plans them all)
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class LigerProvider(Provider):
                         "planned", type(model).__name__, type(exc).__name__, exc)
             return []
         distinct: dict[tuple, RowWiseSite] = {}
+        members: dict[tuple, list[int]] = {}
         for name, module in layers:
             for call, ops in seen.calls.get(id(module), {}).items():
                 if not call.follows_tokens:
@@ -142,7 +145,11 @@ class LigerProvider(Provider):
                 signature = (layer_settings(module), call, ops)
                 if signature not in distinct:  # the layers of a stack launch the same variants: plan one
                     distinct[signature] = RowWiseSite(None if ops else MetaCaller(module), call, ops, name)
-        sites: list = list(distinct.values())
+                members.setdefault(signature, []).append(id(module))
+        partly = {id(module) for _, module in layers
+                  if any(not call.follows_tokens for call in seen.calls.get(id(module), {}))}
+        sites: list = [dataclasses.replace(site, members=tuple(m for m in members[signature] if m not in partly))
+                       for signature, site in distinct.items()]
         sites.extend(dict.fromkeys(rope_calls))  # one site per distinct RoPE layout
         lm_head = getattr(model, "lm_head", None)
         config = getattr(model, "config", None)
@@ -154,6 +161,13 @@ class LigerProvider(Provider):
             if kind:
                 sites.append(LossSite(kind, hidden, vocab, dtype, MetaCaller(lm_head)))
         return sites
+
+    def claims(self, model, sites: list) -> Claims:
+        """The row-wise layers whose every probed call is planned at every token count, and RoPE's
+        kernel wherever it is called from (every RoPE call of the probe is planned at every shape)."""
+        modules = {member for site in sites if isinstance(site, RowWiseSite) for member in site.members}
+        kernels = {"_triton_rope"} if any(isinstance(site, RopeSite) for site in sites) else set()
+        return Claims(frozenset(modules), frozenset(kernels))
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         warm = warmup_token_counts(limits)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import logging
 import threading
 import types
 from collections.abc import Iterator
@@ -359,3 +360,63 @@ def probe(model: torch.nn.Module, layers: list[torch.nn.Module],
             recorder.active() if recorder else contextlib.nullcontext()):
         caller(input_ids=input_ids, use_cache=False)
     return Probe(calls)
+
+
+# -- host reads answered without a dispatch mode ---------------------------------------------------------------
+_reads = threading.local()
+_reads_lock = fork_safe_lock()
+_reads_library = None
+
+
+def _meta_scalar(tensor: torch.Tensor):
+    value = getattr(_reads, "value", None)
+    if value is None:  # not a planning thread: what torch's own meta kernel says
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+    if tensor.dtype == torch.bool:
+        return True
+    return float(value) if tensor.dtype.is_floating_point else int(value)
+
+
+def _replace_meta_scalar_kernel():
+    """A library holding ``_meta_scalar`` as the Meta kernel of ``_local_scalar_dense``. torch before
+    2.13 refuses to override the Python meta kernel torch registers for it unless its record of Python
+    registrations forgets that one first (torch's dispatcher itself lets a later kernel replace it)."""
+    library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept for the process
+    try:
+        library.impl("_local_scalar_dense", _meta_scalar, "Meta")
+    except RuntimeError:
+        registered = getattr(torch.library, "_impls", None)
+        if not isinstance(registered, set) or "aten/_local_scalar_dense/Meta" not in registered:
+            raise
+        registered.discard("aten/_local_scalar_dense/Meta")
+        library.impl("_local_scalar_dense", _meta_scalar, "Meta")
+    return library
+
+
+@contextlib.contextmanager
+def meta_reads_answered(value: int = 1) -> Iterator[None]:
+    """As ``MetaScalars``, for whole-model forwards: host reads of meta tensors in this thread read as
+    ``value`` (booleans as True). A Python dispatch mode sees every op and costs about a third of a meta
+    forward; this replaces torch's meta kernel of ``_local_scalar_dense`` alone, once per process, and
+    that kernel still raises as before in every thread outside this context. Where torch refuses the
+    replacement, MetaScalars is used instead (one log line)."""
+    global _reads_library
+    with _reads_lock:
+        if _reads_library is None:
+            try:
+                _reads_library = _replace_meta_scalar_kernel()
+            except Exception as exc:  # noqa: BLE001 - any refusal: the dispatch mode does the same
+                logging.getLogger("jit_ahead.providers").info(
+                    "meta reads: torch keeps its own meta kernel (%s: %s); MetaScalars answers them",
+                    type(exc).__name__, exc)
+                _reads_library = False
+    if _reads_library is False:
+        with MetaScalars(value):
+            yield
+        return
+    before = getattr(_reads, "value", None)
+    _reads.value = value
+    try:
+        yield
+    finally:
+        _reads.value = before

@@ -10,6 +10,10 @@ counts are interleaved when repeated.
 
     python scripts/bench/planning_wall.py --out results/<date>-planning-wall [--models gated-deltanet,qwen3-liger]
         [--limits 8192,16,4096] [--planners 1,2,4,8,15] [--repeat 1]
+
+Models: the demo models (gated-deltanet, qwen3-liger, qwen35-hybrid) and the model planner's test models
+(olmo-hybrid, plain-hybrid); a name ending in ``/model-only`` plans it with the model-level planner alone
+(no library provider), to compare with the providers' path.
 """
 from __future__ import annotations
 
@@ -25,22 +29,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from first_build import run_child, tree, versions  # noqa: E402
 
 
+def build(name: str):
+    from jit_ahead import demo_models
+
+    if name in ("olmo-hybrid", "plain-hybrid"):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        from tests import any_models
+
+        return any_models.olmo_hybrid() if name == "olmo-hybrid" else any_models.plain_hybrid()
+    return demo_models.MODELS[name](device="meta", layers=4)
+
+
 def one_run(model: str, limits: tuple[int, int, int]) -> dict:
     from jit_ahead.triton.standin import ensure_driver
 
     ensure_driver()
-    from jit_ahead import demo_models
     from jit_ahead.core.limits import EngineLimits
     from jit_ahead.core.session import Session
 
-    make = demo_models.fla_gated_deltanet if model == "gated-deltanet" else demo_models.liger_qwen3
-    net = make(device="meta", layers=4)
+    from jit_ahead.providers.model import ModelProvider
+
+    name, _, path = model.partition("/")
+    net = build(name)
+    providers = [ModelProvider()] if path == "model-only" else None
     session = Session(triton={"workers": 0}).start()
     tokens, batch, seq = limits
     graphs = tuple(b for b in (1, 2, 4, 8, 16) if b <= batch)
     before = os.times()
     t0 = time.perf_counter()
-    run = session.plan_model(net, EngineLimits(tokens, batch, seq, cuda_graph_batch_sizes=graphs))
+    run = session.plan_model(net, EngineLimits(tokens, batch, seq, cuda_graph_batch_sizes=graphs), providers)
     run.wait(3600)
     wall = time.perf_counter() - t0
     after = os.times()

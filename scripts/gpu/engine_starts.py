@@ -46,7 +46,9 @@ SETS = {"engine": dict(max_num_tokens=8192, max_batch_size=16, max_seq_len=4096)
 MODELS = {"qwen3-liger": dict(hidden=512, heads=8, kv_heads=4, head_dim=64),
           "gated-deltanet": dict(hidden=512, heads=4, head_dim=64, expand_v=2.0),
           "qwen3-liger-2048": dict(hidden=2048, heads=16, kv_heads=4, head_dim=128),
-          "gated-deltanet-1024": dict(hidden=1024, heads=8, head_dim=128, expand_v=1.0)}
+          "gated-deltanet-1024": dict(hidden=1024, heads=8, head_dim=128, expand_v=1.0),
+          # no provider knows its layers (transformers' own, calling fla's ops): the model-level planner
+          "qwen35-hybrid": dict(hidden=1024)}
 REQUESTS = 40
 BUSY_MODEL = ("gated-deltanet-1024", "large")
 
@@ -55,6 +57,10 @@ def build(name: str, device: str):
     import torch
 
     settings = MODELS[name]
+    if name.startswith("qwen35"):
+        from jit_ahead import demo_models
+
+        return demo_models.qwen35_hybrid(device, hidden=settings["hidden"])
     with torch.device(device):
         if name.startswith("qwen3"):
             from liger_kernel.transformers import apply_liger_kernel_to_qwen3

@@ -1,0 +1,502 @@
+"""The model-level planner: what a model's own forward launches, for any model that takes token ids.
+
+No provider has to know the model's layers: transformers', vLLM's or an engine's own layer classes that
+call Liger, fla or any other Triton library are planned through the model's forward, on a meta replica,
+at every shape within the limits:
+- prefill, every (batch, prompt length) within the limits, without a cache and with the cache the model
+  makes (``use_cache=True``), then one decode step on that cache: every batch size at every cache length
+  a prefill within the limits leaves;
+- decode at the longer cache lengths a batch reaches by decoding (beyond what one prefill of that batch
+  can hold): the cache is filled by chunked prefills within the limits (their launches are not kept),
+  then one step is decoded. The lengths are those that change a Triton specialization or a power-of-two
+  bucket: 1..64, each power of two and its neighbours, and ``max_seq_len - 1``;
+- padded batches (an attention mask), when a padded probe launches anything an unpadded one does not:
+  one left-padded batch per (batch, length), every row but the first one token long.
+
+What makes it affordable, each checked before it is used: the launches of the probe shapes (a short
+and a longer prefill, the longest prefill and the largest decode batch within the limits) with the
+stand-ins below must equal those without, or the stand-ins are dropped, the quiet modules' first, then
+the providers', and planning stays exact at the cost of running those modules:
+- layers of a stack with equal settings launch the same variants: all but the first of each kind are
+  replaced by a stand-in that passes its input through (the model still runs its own per-layer code);
+- modules a provider plans in full (``Provider.claims``) are stood in for, and their kernels, wherever a
+  provider claims them, are left to that provider;
+- modules that launched no kernel at any probe shape (attention through torch's SDPA, projections,
+  embeddings...) are stood in for: a module that launches a kernel only at shapes none of the probes
+  reaches is missed. ``EngineLimits(extra={"model_planner": False})`` or ``JIT_AHEAD_MODEL_PLANNER=off``
+  turns the model planner off.
+A stand-in replaces a module only if its output, in the probe, was one of its inputs, a tensor of an
+input's shape and dtype, or a constant (or a tuple of those). When nothing outside the providers'
+claims launches a kernel, the model planner plans nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.limits import EngineLimits
+from ..core.priority import Priority
+from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
+from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
+
+log = logging.getLogger("jit_ahead.providers.model")
+
+# attributes that number a layer in its stack without changing what it launches
+POSITION_ATTRIBUTES = ("layer_idx", "layer_id", "layer_number", "layer_index", "idx")
+
+
+# -- forwards ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Calling:
+    """How the model's forward is called: the keyword its cache goes by (None: it takes none), whether
+    it takes ``use_cache`` and an ``attention_mask``."""
+
+    cache_keyword: str | None
+    use_cache: bool
+    mask: bool = False
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "Calling | None":
+        try:
+            parameters = inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            return None
+        if "input_ids" not in parameters:
+            return None
+        keyword = next((k for k in ("cache", "past_key_values") if k in parameters), None)
+        return cls(keyword, "use_cache" in parameters, "attention_mask" in parameters)
+
+
+def _ids(batch: int, tokens: int) -> torch.Tensor:
+    return torch.empty(batch, tokens, dtype=torch.long, device="meta")
+
+
+def _cache_of(output):
+    for name in ("cache", "past_key_values"):
+        cache = getattr(output, name, None)
+        if cache is not None:
+            return cache
+    return None
+
+
+@dataclass(frozen=True)
+class Forwards:
+    """The forwards the sweep runs on one meta replica of the model."""
+
+    caller: MetaCaller
+    calling: Calling
+
+    @torch.no_grad()
+    def prefill(self, batch: int, tokens: int, mask: torch.Tensor | None = None):
+        """One prefill without a cache; with a cache (when the model takes one), that cache."""
+        padded = {} if mask is None else {"attention_mask": mask}
+        with meta_reads_answered():
+            if self.calling.use_cache:
+                self.caller(input_ids=_ids(batch, tokens), use_cache=False, **padded)
+                return _cache_of(self.caller(input_ids=_ids(batch, tokens), use_cache=True, **padded))
+            self.caller(input_ids=_ids(batch, tokens), **padded)
+            return None
+
+    @torch.no_grad()
+    def extend(self, cache, batch: int, tokens: int, mask: torch.Tensor | None = None):
+        """``tokens`` more per row onto ``cache`` (a decode step when 1); the cache after."""
+        padded = {} if mask is None else {"attention_mask": mask}
+        with meta_reads_answered():
+            out = self.caller(input_ids=_ids(batch, tokens), use_cache=True, **{self.calling.cache_keyword: cache},
+                              **padded)
+        return _cache_of(out) or cache
+
+    @property
+    def cached(self) -> bool:
+        return self.calling.use_cache and self.calling.cache_keyword is not None
+
+
+def left_padded_mask(batch: int, tokens: int) -> torch.Tensor:
+    """A host mask of ``batch`` rows padded on the left to ``tokens``: the first row full, the others one
+    token long (as generate pads a batch with one long prompt)."""
+    mask = torch.zeros(batch, tokens, dtype=torch.long)
+    mask[0] = 1
+    mask[1:, -1] = 1
+    return mask
+
+
+def _request(forwards: Forwards, batch: int, tokens: int, longest: int, padded: bool) -> None:
+    """A prefill of (batch, tokens), and one decode step on its cache while it stays within ``longest``."""
+    mask = left_padded_mask(batch, tokens) if padded else None
+    cache = forwards.prefill(batch, tokens, mask)
+    if cache is not None and forwards.cached and tokens < longest:
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+        forwards.extend(cache, batch, 1, mask)
+
+
+def request(forwards: Forwards, batch: int, tokens: int, longest: int, padded: bool = False) -> None:
+    with_host_indices_if_needed(lambda: _request(forwards, batch, tokens, longest, padded), padded)
+
+
+def long_decode(forwards: Forwards, batch: int, length: int, chunk: int) -> None:
+    """One decode step of ``batch`` rows on a cache of ``length`` tokens, filled by prefills of at most
+    ``chunk`` tokens whose launches are not kept (they are continued prefills, not planned here)."""
+    from ..triton import capture
+
+    with capture():  # the inner capture keeps the filling launches out of the planning one
+        cache = forwards.prefill(batch, min(chunk, length))
+        filled = min(chunk, length)
+        while filled < length:
+            step = min(chunk, length - filled)
+            cache = forwards.extend(cache, batch, step)
+            filled += step
+    forwards.extend(cache, batch, 1)
+
+
+def decode_lengths(upper: int) -> list[int]:
+    """Cache lengths 1..upper that change an integer's Triton class or a power-of-two bucket."""
+    found = set(range(1, min(upper, 64) + 1)) | {upper}
+    power = 64
+    while power <= upper:
+        found |= {power - 1, power, power + 1}
+        power *= 2
+    return sorted(n for n in found if 1 <= n <= upper)
+
+
+# -- stand-ins -----------------------------------------------------------------------------------------------
+Where = tuple  # ("arg", index) or ("kw", name)
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """How a stand-in makes a module's output from its inputs: ("same", where) the input itself,
+    ("like", where) a new meta tensor of that input's shape and dtype, ("const", value), or
+    ("seq", type, parts)."""
+
+    kind: str
+    value: object = None
+    parts: tuple = ()
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict, output) -> "OutputPlan | None":
+        inputs = [(("arg", i), v) for i, v in enumerate(args)] + [(("kw", k), v) for k, v in kwargs.items()]
+
+        def plan(value) -> OutputPlan | None:
+            if value is None or isinstance(value, (bool, int, float, str)):
+                return cls("const", value)
+            for where, given in inputs:
+                if given is value:
+                    return cls("same", where)
+            if isinstance(value, torch.Tensor):
+                for where, given in inputs:
+                    if isinstance(given, torch.Tensor) and given.shape == value.shape and given.dtype == value.dtype:
+                        return cls("like", where)
+                return None
+            if type(value) in (tuple, list):
+                parts = [plan(v) for v in value]
+                return None if any(p is None for p in parts) else cls("seq", type(value), tuple(parts))
+            return None
+
+        return plan(output)
+
+    def make(self, args: tuple, kwargs: dict):
+        if self.kind == "const":
+            return self.value
+        if self.kind == "seq":
+            return self.value(part.make(args, kwargs) for part in self.parts)
+        side, key = self.value
+        given = (args[key] if key < len(args) else None) if side == "arg" else kwargs.get(key)
+        if not isinstance(given, torch.Tensor) and self.kind == "like":
+            raise LookupError(key)
+        if self.kind == "same":
+            return given
+        return torch.empty(given.shape, dtype=given.dtype, device="meta")
+
+
+class _StandIn:
+    """Replaces one replica module's forward: its output made from its inputs by ``plan``; a call that
+    does not have the input the plan names runs the module's own forward."""
+
+    def __init__(self, plan: OutputPlan, forward) -> None:
+        self.plan = plan
+        self.forward = forward
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.plan.make(args, kwargs)
+        except (LookupError, IndexError):
+            return self.forward(*args, **kwargs)
+
+
+def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Layers of a ``ModuleList`` whose settings equal an earlier layer's in it (all but the first of
+    each kind)."""
+    found = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            kinds: set = set()
+            for layer in module:
+                kind = layer_settings(layer, POSITION_ATTRIBUTES)
+                if kind in kinds:
+                    found.append(layer)
+                kinds.add(kind)
+    return found
+
+
+# -- the provider --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSite:
+    forwards: Forwards
+    padded: bool  # a padded probe launched something an unpadded one did not
+    standing_in: int  # modules replaced by stand-ins
+    label: str
+
+
+@dataclass
+class _Reference:
+    """What the full replica launched at the probe shapes: all of it, and what it launched outside the
+    claimed modules; for each module, its first call's output plan and whether it launched anything."""
+
+    everything: set = field(default_factory=set)
+    outside: set = field(default_factory=set)
+    names: dict = field(default_factory=dict)  # predicted hash -> kernel name
+    outputs: dict = field(default_factory=dict)  # id(model's module) -> OutputPlan or None
+    launching: set = field(default_factory=set)  # id(model's module) of modules that launched a kernel
+    launching_unclaimed: set = field(default_factory=set)  # ... one no provider claims
+
+    def unclaimed(self, launched: set, claims: Claims) -> set:
+        return {h for h in launched if self.names.get(h) not in claims.kernels}
+
+
+@dataclass
+class _Running:
+    """A module in its forward during the reference probe."""
+
+    key: int
+    capture: object
+    stack: contextlib.ExitStack
+    claimed: bool  # it or a module around it is claimed
+    args: tuple
+    kwargs: dict
+    launched: bool = False
+    launched_unclaimed: bool = False
+
+
+def probe_shapes(limits: EngineLimits) -> list[tuple[int, int]]:
+    """(batch, tokens) where stand-ins are checked, each a prefill without and with a cache and a
+    decode step: a short sequence, a batch of two past 64 tokens (where chunked kernels take over from
+    recurrent ones), the longest prefill and the largest batch within the limits. Only compared, never
+    planned."""
+    longest = max(1, min(limits.max_seq_len - 1, limits.max_num_tokens))
+    return list(dict.fromkeys([(1, min(11, longest)), (2, 70), (1, longest), (limits.max_batch_size, 1)]))
+
+
+class _Stopped(Exception):
+    """Planning was cancelled during the probe."""
+
+
+class ModelProvider(Provider):
+    """Plans any model through its own forward; it runs after the library providers and leaves out what
+    they claim (``Provider.claims``)."""
+
+    name = "model"
+    library = "torch"
+    extra_limits = {"model_planner": "plan the model's own forward beyond what providers claim; default True"}
+    sees_claims = True
+    modules = ()
+    _stop: Callable[[], bool] = staticmethod(lambda: False)
+
+    def find_layers(self, model, claims: Claims = Claims(), limits: EngineLimits = EngineLimits(),
+                    stop: Callable[[], bool] = lambda: False) -> list:
+        """``stop``: true once planning is cancelled (the process is closing); the probe forwards end at
+        the next shape."""
+        try:
+            return self._find(model, claims, limits, stop)
+        except _Stopped:
+            return []
+
+    def _find(self, model, claims: Claims, limits: EngineLimits, stop: Callable[[], bool]) -> list:
+        self._stop = stop
+        calling = Calling.of(model)
+        if calling is None:
+            log.info("model planner: %s.forward takes no input_ids; not planned as a whole", type(model).__name__)
+            return []
+        if not limits.extra.get("model_planner", True):
+            return []
+        shapes = probe_shapes(limits)
+        try:
+            reference = self._reference(model, calling, claims, shapes)
+        except _Stopped:
+            raise
+        except Exception as exc:
+            log.warning("model planner: a meta forward of %s failed (%s: %s); only what providers found is "
+                        "planned", type(model).__name__, type(exc).__name__, exc)
+            return []
+        if not reference.unclaimed(reference.outside, claims):
+            log.info("model planner: %s launches nothing beyond what providers plan", type(model).__name__)
+            return []
+        repeated = repeated_layers(model)
+        claimed = [m for m in model.modules() if id(m) in claims.modules]
+        skip = {id(m) for m in claimed + repeated}
+        quiet_beside_claims = _outermost(model, lambda m: id(m) not in reference.launching_unclaimed
+                                         and reference.outputs.get(id(m)), skip)
+        quiet = _outermost(model, lambda m: id(m) not in reference.launching and reference.outputs.get(id(m)), skip)
+        candidates = [(claimed + repeated + quiet_beside_claims, reference.outside),
+                      (claimed + repeated, reference.outside),
+                      (repeated + quiet, reference.everything), (repeated, reference.everything)]
+        for stand_ins, expected in candidates:
+            plans = {id(m): reference.outputs.get(id(m)) for m in stand_ins}
+            if not stand_ins or any(p is None for p in plans.values()):
+                continue
+            forwards = Forwards(self._replica(model, stand_ins, plans), calling)
+            try:
+                launched = self._launched(forwards, shapes)
+            except _Stopped:
+                raise
+            except Exception as exc:
+                log.info("model planner: with %d stand-ins the probe failed (%s: %s)", len(stand_ins),
+                         type(exc).__name__, exc)
+                continue
+            if reference.unclaimed(launched, claims) == reference.unclaimed(expected, claims):
+                break
+            log.info("model planner: %d stand-ins changed the probe's launches; trying fewer", len(stand_ins))
+        else:  # every layer runs its own forward
+            stand_ins, forwards = [], Forwards(MetaCaller(model, inference=True), calling)
+        padded = self._padded_differs(forwards) if forwards.cached and calling.mask else False
+        log.info("model planner: %s planned through its forward, %d modules stood in for%s", type(model).__name__,
+                 len(stand_ins), ", padded batches too" if padded else "")
+        return [ModelSite(forwards, padded, len(stand_ins), type(model).__name__)]
+
+    def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
+        for site in layers:
+            yield from _sweep(site, limits)
+
+    # -- checks -------------------------------------------------------------------------------------------
+    def _replica(self, model, stand_ins: list, plans: dict) -> MetaCaller:
+        caller = MetaCaller(model, inference=True)
+        for module in stand_ins:
+            replica = caller.replica_of(module)
+            replica.forward = _StandIn(plans[id(module)], replica.forward)
+        return caller
+
+    def _reference(self, model, calling: Calling, claims: Claims, shapes) -> _Reference:
+        """The full replica at the probe shapes with every module's launches in a capture of its own:
+        which modules launch, what launches outside the claimed ones, each module's first call."""
+        from ..triton import capture
+
+        reference = _Reference()
+        caller = MetaCaller(model, inference=True)
+        running: list[_Running] = []  # the modules in their forward, innermost last
+
+        def enter(module, args, kwargs):
+            key = id_of[id(module)]
+            stack = contextlib.ExitStack()
+            inner = stack.enter_context(capture())
+            claimed = key in claims.modules or bool(running and running[-1].claimed)
+            running.append(_Running(key, inner, stack, claimed, args, kwargs))
+
+        def leave(module, args, kwargs, output):
+            if not running:
+                return
+            call = running.pop()
+            requests = call.capture.requests
+            call.stack.close()
+            reference.names.update({r.predicted_hash: r.name for r in requests})
+            hashes = {r.predicted_hash for r in requests}
+            unclaimed = set() if call.claimed else {r.predicted_hash for r in requests if r.name not in claims.kernels}
+            reference.everything |= hashes
+            reference.outside |= set() if call.claimed else hashes
+            call.launched |= bool(hashes)
+            call.launched_unclaimed |= bool(unclaimed)
+            if call.launched:
+                reference.launching.add(call.key)
+            if call.launched_unclaimed:
+                reference.launching_unclaimed.add(call.key)
+            if running:
+                running[-1].launched |= call.launched
+                running[-1].launched_unclaimed |= call.launched_unclaimed
+            if call.key not in reference.outputs:
+                reference.outputs[call.key] = OutputPlan.of(args, kwargs, output)
+
+        id_of = {}
+        for module in model.modules():
+            replica = caller.replica_of(module) if module is not model else caller.replica
+            id_of[id(replica)] = id(module)
+            replica.register_forward_pre_hook(enter, with_kwargs=True)
+            replica.register_forward_hook(leave, with_kwargs=True, always_call=True)
+        self._launched(Forwards(caller, calling), shapes)
+        return reference
+
+    def _launched(self, forwards: Forwards, shapes) -> set:
+        """Predicted hashes of what the probe shapes launch: each prefill and a decode step after it."""
+        from ..triton import capture
+
+        found = set()
+        for batch, tokens in shapes:
+            if self._stop():
+                raise _Stopped
+            with capture() as plan:
+                request(forwards, batch, tokens, tokens + 1)
+            found |= {r.predicted_hash for r in plan.requests}
+        return found
+
+    def _padded_differs(self, forwards: Forwards) -> bool:
+        from ..triton import capture
+
+        batch, tokens = 2, 70
+        try:
+            with capture() as plain:
+                request(forwards, batch, tokens, tokens + 1)
+            with capture() as padded:
+                request(forwards, batch, tokens, tokens + 1, padded=True)
+        except Exception as exc:
+            log.info("model planner: a padded probe failed (%s: %s); padded batches are planned as unpadded",
+                     type(exc).__name__, exc)
+            return False
+        return bool({r.predicted_hash for r in padded.requests} - {r.predicted_hash for r in plain.requests})
+
+
+def _outermost(model: torch.nn.Module, chosen, skip: set) -> list[torch.nn.Module]:
+    """The outermost submodules ``chosen`` accepts, not inside or among ``skip``; never the model."""
+    found = []
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            if id(child) in skip:
+                continue
+            if chosen(child):
+                found.append(child)
+            else:
+                visit(child)
+
+    visit(model)
+    return found
+
+
+def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
+    for batch in range(1, limits.max_batch_size + 1):
+        for tokens in range(1, max(1, min(limits.max_seq_len, limits.max_num_tokens // batch)) + 1):
+            yield batch, tokens
+
+
+def _sweep(site: ModelSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
+    forwards, longest = site.forwards, limits.max_seq_len
+    graphs = set(limits.cuda_graph_batch_sizes)
+    for batch, tokens in prefill_shapes(limits):
+        priority = Priority.WARMUP if is_warmup_shape(limits, batch, tokens) or (
+            tokens == 1 and batch in graphs) else Priority.BACKGROUND
+        yield PlannedLaunch(priority, lambda b=batch, t=tokens: request(forwards, b, t, longest),
+                            f"{site.label} B={batch} T={tokens}")
+        if site.padded and batch > 1:
+            yield PlannedLaunch(priority, lambda b=batch, t=tokens: request(forwards, b, t, longest, padded=True),
+                                f"{site.label} padded B={batch} T={tokens}")
+    if not forwards.cached:
+        return
+    for batch in range(1, limits.max_batch_size + 1):
+        chunk = max(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
+        for length in decode_lengths(limits.max_seq_len - 1):
+            if length > chunk:  # shorter caches are left by a prefill above, and decoded there
+                yield PlannedLaunch(Priority.BACKGROUND,
+                                    lambda b=batch, n=length, c=chunk: long_decode(forwards, b, n, c),
+                                    f"{site.label} decode B={batch} cache={length}")
