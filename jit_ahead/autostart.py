@@ -9,6 +9,10 @@ Warmup and serving, without an engine calling the lifecycle API: serving is take
 ``JIT_AHEAD_WARMUP_S`` seconds (default 300) after the session started; ``0`` never switches by time.
 An engine (or a script) overrides the rule by calling ``jit_ahead.current().mark_serving()`` itself,
 which also cancels the timer.
+
+Models: once ``transformers.modeling_utils`` is imported, models returned by ``from_pretrained`` and
+``from_config`` are planned within the ``JIT_AHEAD_MAX_*`` limits (``engines/transformers.py``;
+``JIT_AHEAD_PLAN_MODELS=off`` turns that off).
 """
 import os
 import sys
@@ -18,12 +22,13 @@ import sys
 _installed = False
 
 
-class _AfterDslImport:  # a meta path finder: anything with find_spec
+class _AfterImport:  # a meta path finder: anything with find_spec
     """Finds nothing itself: when one of ``names`` is about to be imported it wraps the real loader so
-    that jit_ahead starts once that import has finished, then takes itself off ``sys.meta_path``."""
+    that ``then`` runs once that import has finished, then takes itself off ``sys.meta_path``."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...], then) -> None:
         self.names = names
+        self.then = then
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.names:
@@ -39,10 +44,11 @@ class _AfterDslImport:  # a meta path finder: anything with find_spec
             return spec
         loader = spec.loader
         original = loader.exec_module
+        then = self.then
 
         def exec_module(module):
             original(module)
-            _start_session()
+            then()
 
         loader.exec_module = exec_module
         return spec
@@ -58,23 +64,41 @@ def install() -> None:
         families = [name.strip() for name in os.environ.get("JIT_AHEAD_FAMILIES", "").lower().split(",")]
         names = ("triton", "cutlass") if "cute" in families else ("triton",)
         if any(name in sys.modules for name in names):
-            _start_session()
+            start_session()
         else:
-            sys.meta_path.insert(0, _AfterDslImport(names))
+            sys.meta_path.insert(0, _AfterImport(names, start_session))
+        # transformers models are planned as from_pretrained/from_config return them (engines/transformers.py)
+        if os.environ.get("JIT_AHEAD_PLAN_MODELS", "on").strip().lower() != "off":
+            if "transformers.modeling_utils" in sys.modules:
+                _hook_transformers()
+            else:
+                sys.meta_path.insert(0, _AfterImport(("transformers.modeling_utils",), _hook_transformers))
     except Exception as exc:  # a start-up hook must never stop the process
         sys.stderr.write(f"jit_ahead: JIT_AHEAD=1 start-up hook failed ({type(exc).__name__}: {exc}); "
                          "running without jit_ahead\n")
 
 
-def _start_session() -> None:
+def _hook_transformers() -> None:
+    try:
+        from .engines import transformers
+
+        transformers.install()
+    except Exception as exc:  # a start-up hook must never stop the process
+        sys.stderr.write(f"jit_ahead: transformers models will not be planned ({type(exc).__name__}: {exc})\n")
+
+
+def start_session():
+    """The session of the ``JIT_AHEAD=1`` path, started now if it was not yet; None if it cannot start."""
     import logging
     import threading
 
     log = logging.getLogger("jit_ahead.autostart")
     try:
         from .core import knobs
-        from .core.session import FAMILIES, start
+        from .core.session import FAMILIES, current, start
 
+        if current() is not None:
+            return current()
         session = start(knobs.families(FAMILIES), skip_unavailable=True)
         warmup_s = knobs.env_float("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
@@ -84,8 +108,10 @@ def _start_session() -> None:
             session.add_serving_listener(timer.cancel)
         log.info("jit_ahead on (JIT_AHEAD=1); serving is assumed %s", f"{warmup_s:.0f}s after start"
                  if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
+        return session
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")
+        return None
 
 
 def _serving_by_time(session, warmup_s: float) -> None:

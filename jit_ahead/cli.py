@@ -8,7 +8,9 @@ import os
 import sys
 import time
 
-MODELS = ("qwen3-liger", "gated-deltanet")
+# the last is a model no provider knows by class (transformers' own layers calling fla's ops): the
+# model-level planner plans it
+MODELS = ("qwen3-liger", "gated-deltanet", "qwen35-hybrid")
 
 
 def _limits(args: argparse.Namespace):
@@ -22,7 +24,7 @@ def _limits(args: argparse.Namespace):
 def _make_model(name: str, device: str):
     from jit_ahead import demo_models
 
-    return {"qwen3-liger": demo_models.liger_qwen3, "gated-deltanet": demo_models.fla_gated_deltanet}[name](device=device)
+    return demo_models.MODELS[name](device=device)
 
 
 def _importable(module: str) -> bool:
@@ -38,7 +40,8 @@ def _importable(module: str) -> bool:
 
 
 def _installed(names: list[str]) -> list[str]:
-    needs = {"qwen3-liger": ("liger_kernel", "transformers"), "gated-deltanet": ("fla.layers", "transformers")}
+    needs = {"qwen3-liger": ("liger_kernel", "transformers"), "gated-deltanet": ("fla.layers", "transformers"),
+             "qwen35-hybrid": ("liger_kernel", "fla.ops", "transformers")}
     ok = []
     for name in names:
         if all(_importable(module) for module in needs[name]):
@@ -90,6 +93,10 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
     results = [t.result for t in tickets if t.result is not None]
     failed = [(t, t.result) for t in tickets if t.result is not None and not t.result.ok]
     per_kernel: dict[str, int] = {}
+    by: dict[str, set[str]] = {}
+    for run in runs.values():
+        for kernel, providers in run.planned_by.items():
+            by.setdefault(kernel, set()).update(providers)
     for ticket in tickets:
         payload = ticket.request.payload
         name = f"{payload.module}.{payload.qualname}"
@@ -98,9 +105,9 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
     for name, run in runs.items():
         print(f"{name}: planned {sum(run.variants.values())} variants in {run.seconds:.1f}s "
               f"(WARMUP {run.variants.get(Priority.WARMUP, 0)})" + "".join(f"; {e}" for e in run.errors))
-    print(f"{'kernel':<96} variants")
+    print(f"{'kernel':<96} variants  planned by")
     for name in sorted(per_kernel):
-        print(f"{name:<96} {per_kernel[name]:>8}")
+        print(f"{name:<96} {per_kernel[name]:>8}  {','.join(sorted(by.get(name.rsplit('.', 1)[-1], ()))) or '-'}")
     serial = sum(r.seconds for r in results)
     already = planned - len(tickets)
     print(f"built {len(results) - len(failed)} of {len(tickets)} variants in {wall:.1f}s wall with {workers} "

@@ -31,6 +31,7 @@ class KernelRow:
     waited_s: float = 0.0
     compiles: dict = field(default_factory=lambda: {"startup": [0, 0.0], "serving": [0, 0.0]})
     unused: int = 0
+    planners: set = field(default_factory=set)  # the providers (or "model", the model planner) that planned it
 
 
 @dataclass
@@ -135,7 +136,20 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
                                   "outcome": e.get("outcome"), "differences": [e.get("reason") or "not planned"]})
     for key in built - loaded:
         rows[kernel_of.get(key, "?")].unused += 1
+    _planned_by(events, rows)
     return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines)
+
+
+def _planned_by(events: list[dict], rows: dict[str, KernelRow]) -> None:
+    """Each kernel's planners, from the ``planned`` events (they name kernels without their module)."""
+    short: dict[str, list[str]] = defaultdict(list)
+    for name in rows:
+        short[name.rsplit(".", 1)[-1]].append(name)
+    for e in events:
+        if e["event"] == "planned" and e.get("provider"):
+            for kernel in e.get("kernels") or {}:
+                for name in short.get(kernel, ()):
+                    rows[name].planners.add(e["provider"])
 
 
 def _count_cute_miss(row: KernelRow, e: dict, loaded: set, planned_keys: set, spans: list, t: float) -> None:
@@ -153,13 +167,13 @@ def _count_cute_miss(row: KernelRow, e: dict, loaded: set, planned_keys: set, sp
                   "label": e.get("label", "")})
 
 
-HEADER = ("kernel", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",
+HEADER = ("kernel", "planned by", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",
           "warmup s", "compiles serving", "serving s", "never used")
 
 
 def _cells(name: str, row: KernelRow) -> list[str]:
     (cw, sw), (cs, ss) = row.compiles["startup"], row.compiles["serving"]
-    return [name, str(row.planned), str(row.built_ahead), str(row.build_failed), str(row.loaded), str(row.waits),
+    return [name, ",".join(sorted(row.planners)) or "-", str(row.planned), str(row.built_ahead), str(row.build_failed), str(row.loaded), str(row.waits),
             f"{row.waited_s:.2f}", str(cw), f"{sw:.2f}", str(cs), f"{ss:.2f}", str(row.unused)]
 
 

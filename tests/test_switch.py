@@ -62,3 +62,43 @@ def test_with_the_cute_family_a_cute_dsl_import_starts_the_session_with_both_fam
     # An unknown family name is dropped with one line; the session starts with the others.
     code = "import triton, jit_ahead, json; print(json.dumps(sorted(jit_ahead.current().families)))"
     assert run(code, JIT_AHEAD="1", JIT_AHEAD_FAMILIES="triton,flashinfer", JIT_AHEAD_TRITON_WORKERS="0") == ["triton"]
+
+
+def test_a_transformers_model_from_config_is_planned_with_the_limits_of_the_knobs(tmp_path):
+    # no code change: from_config returns the model and planning starts; the model planner plans its
+    # transformers GatedDeltaNet layers, which call fla's ops (no provider knows them)
+    code = """
+import json, jit_ahead
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+config = Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=64, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=64,
+    linear_value_head_dim=64, vocab_size=256, layer_types=["linear_attention", "full_attention"])
+model = AutoModelForCausalLM.from_config(config)
+session = jit_ahead.current()
+(run,) = session._planning
+run.wait(600)
+planned = {}
+for line in open(%r):
+    event = json.loads(line)
+    if event["event"] == "planned" and event.get("variants"):
+        planned.setdefault(event["provider"], set()).update(event["kernels"])
+from pathlib import Path
+from jit_ahead.report import analyse, read_events
+rows = analyse(read_events(Path(%r))[0]).kernels
+by = sorted({p for name, row in rows.items() if name.endswith("chunk_fwd_kernel_o") for p in row.planners})
+print(json.dumps([type(model).__name__, str(run._limits.max_num_tokens), {k: sorted(v) for k, v in planned.items()}, by]))
+""" % (str(tmp_path / "stats.jsonl"), str(tmp_path / "stats.jsonl"))
+    name, tokens, planned, report = run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_PLANNERS="0",
+                                JIT_AHEAD_MAX_NUM_TOKENS="48", JIT_AHEAD_MAX_BATCH_SIZE="2", JIT_AHEAD_MAX_SEQ_LEN="40",
+                                JIT_AHEAD_PLAN_DIR="0", JIT_AHEAD_STATS=str(tmp_path / "stats.jsonl"))
+    assert (name, tokens) == ("Qwen3_5ForCausalLM", "48")
+    assert "chunk_fwd_kernel_o" in planned["model"] and "fused_recurrent_gated_delta_rule_fwd_kernel" in planned["model"]
+    assert report == ["model"]  # the coverage report names the planner per kernel
+
+
+def test_the_model_hook_can_be_turned_off():
+    code = ("import json, jit_ahead, triton\nfrom transformers import AutoModelForCausalLM, Qwen3Config\n"
+            "AutoModelForCausalLM.from_config(Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, "
+            "num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=128))\n"
+            "print(json.dumps(len(jit_ahead.current()._planning)))")
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_PLAN_MODELS="off") == 0

@@ -156,3 +156,31 @@ def model_planner_enabled() -> bool:
     """``JIT_AHEAD_MODEL_PLANNER`` (on|off, default on): plan each model's own forward beyond the layers
     library providers know."""
     return env_choice("JIT_AHEAD_MODEL_PLANNER", ("on", "off"), "on") == "on"
+
+
+def engine_limits():
+    """The limits the ``JIT_AHEAD=1`` path plans models within: ``JIT_AHEAD_MAX_NUM_TOKENS`` (default
+    8192), ``JIT_AHEAD_MAX_BATCH_SIZE`` (16), ``JIT_AHEAD_MAX_SEQ_LEN`` (4096) and
+    ``JIT_AHEAD_CUDA_GRAPH_SIZES`` (comma-separated, default 1,2,4,8,16; sizes above the batch limit are
+    dropped). A bad value logs one line and uses the default."""
+    from .limits import EngineLimits
+
+    tokens = env_int("JIT_AHEAD_MAX_NUM_TOKENS", 8192, minimum=1)
+    batch = env_int("JIT_AHEAD_MAX_BATCH_SIZE", 16, minimum=1)
+    seq = env_int("JIT_AHEAD_MAX_SEQ_LEN", 4096, minimum=1)
+    raw = os.environ.get("JIT_AHEAD_CUDA_GRAPH_SIZES", "1,2,4,8,16")
+    try:
+        graphs = tuple(sorted({int(v) for v in raw.split(",") if v.strip()}))
+        if any(g < 1 for g in graphs):
+            raise ValueError
+    except ValueError:
+        log.error("JIT_AHEAD_CUDA_GRAPH_SIZES=%r is not a comma-separated list of positive integers; using "
+                  "1,2,4,8,16", raw)
+        graphs = (1, 2, 4, 8, 16)
+    return EngineLimits(tokens, batch, seq, cuda_graph_batch_sizes=tuple(g for g in graphs if g <= batch))
+
+
+def plan_models_enabled() -> bool:
+    """``JIT_AHEAD_PLAN_MODELS`` (on|off, default on): with ``JIT_AHEAD=1``, plan each transformers model
+    built by ``from_pretrained``/``from_config``."""
+    return env_choice("JIT_AHEAD_PLAN_MODELS", ("on", "off"), "on") == "on"

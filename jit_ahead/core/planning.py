@@ -66,6 +66,7 @@ class PlanningRun(Sink):
         self._group_variants: dict[int, int] = defaultdict(int)
         self._group_queued: dict[int, int] = defaultdict(int)
         self._group_kernels: dict[int, dict[str, int]] = defaultdict(dict)  # kernel -> new variants
+        self.planned_by: dict[str, set[str]] = {}  # kernel name -> the providers whose launches found it first
         self._enumeration_started = 0.0
         self._planners_running: ForkedPlanners | None = None
         self._store = store
@@ -312,9 +313,11 @@ class PlanningRun(Sink):
             self._seen[request] = (priority, launch_group.family)
         self.variants[priority] += len(fresh)
         self._group_variants[group] += len(fresh)
+        provider = launch_group.items[0][0].name if launch_group.items else ""
         for request in fresh:
             kernel = getattr(request, "name", "?")
             self._group_kernels[group][kernel] = self._group_kernels[group].get(kernel, 0) + 1
+            self.planned_by.setdefault(kernel, set()).add(provider)
         if autotune_groups:
             self._result.groups.setdefault(launch_group.family, []).extend(autotune_groups)
         if fresh:
