@@ -142,8 +142,9 @@ def test_coverage_report_text_and_html_from_a_real_log(monkeypatch, tmp_path, ca
     assert main(["report", str(path), "--html", str(page)]) == 0
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.startswith("tests.kernels.basic.add_kernel"))
-    # kernel, planned, built ahead, failed, loaded, waits, waited s, compiles warmup, s, compiles serving, s, unused
-    assert row[1:6] == ["1", "1", "0", "1", "0"] and row[9] == "1" and row[11] == "0", out
+    # kernel, planned by (no provider: submitted directly), planned, built ahead, failed, loaded, waits,
+    # waited s, compiles warmup, s, compiles serving, s, unused
+    assert row[1:7] == ["-", "1", "1", "0", "1", "0"] and row[10] == "1" and row[12] == "0", out
     assert "executor compiles after serving started: 1" in out
     assert "constexpr BLOCK: 64 -> 512" in out
     text = page.read_text()

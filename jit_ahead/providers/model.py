@@ -109,7 +109,8 @@ class Forwards:
         with meta_reads_answered():
             out = self.caller(input_ids=_ids(batch, tokens), use_cache=True, **{self.calling.cache_keyword: cache},
                               **padded)
-        return _cache_of(out) or cache
+        after = _cache_of(out)
+        return cache if after is None else after
 
     @property
     def cached(self) -> bool:
@@ -325,7 +326,11 @@ class ModelProvider(Provider):
         if not limits.extra.get("model_planner", True):
             return []
         shapes = probe_shapes(limits)
+        claimed = [m for m in model.modules() if id(m) in claims.modules]
         try:
+            if claimed and self._claims_cover(model, calling, claims, claimed, shapes):
+                log.info("model planner: %s launches nothing beyond what providers plan", type(model).__name__)
+                return []
             reference = self._reference(model, calling, claims, shapes)
         except _Stopped:
             raise
@@ -337,7 +342,6 @@ class ModelProvider(Provider):
             log.info("model planner: %s launches nothing beyond what providers plan", type(model).__name__)
             return []
         repeated = repeated_layers(model)
-        claimed = [m for m in model.modules() if id(m) in claims.modules]
         skip = {id(m) for m in claimed + repeated}
         quiet_beside_claims = _outermost(model, lambda m: id(m) not in reference.launching_unclaimed
                                          and reference.outputs.get(id(m)), skip)
@@ -428,7 +432,29 @@ class ModelProvider(Provider):
         self._launched(Forwards(caller, calling), shapes)
         return reference
 
-    def _launched(self, forwards: Forwards, shapes) -> set:
+    def _claims_cover(self, model, calling: Calling, claims: Claims, claimed: list, shapes) -> bool:
+        """Whether, with every claimed module stood in, the probe shapes launch only claimed kernels: then
+        the providers plan the whole model, and the full reference probe (every module at every shape,
+        claimed layers included) is not needed. Claimed modules' outputs come from one short forward."""
+        from ..triton import capture
+
+        outputs: dict = {}
+        caller = MetaCaller(model, inference=True)
+        for module in claimed:
+            def record(replica, args, kwargs, output, key=id(module)):
+                outputs.setdefault(key, OutputPlan.of(args, kwargs, output))
+
+            caller.replica_of(module).register_forward_hook(record, with_kwargs=True)
+        with capture():
+            request(Forwards(caller, calling), *shapes[0], shapes[0][1] + 1)
+        plans = {id(m): outputs.get(id(m)) for m in claimed}
+        if any(plan is None for plan in plans.values()):
+            return False
+        names: dict = {}
+        launched = self._launched(Forwards(self._replica(model, claimed, plans), calling), shapes, names)
+        return all(names[h] in claims.kernels for h in launched)
+
+    def _launched(self, forwards: Forwards, shapes, names: dict | None = None) -> set:
         """Predicted hashes of what the probe shapes launch: each prefill and a decode step after it."""
         from ..triton import capture
 
@@ -439,6 +465,8 @@ class ModelProvider(Provider):
             with capture() as plan:
                 request(forwards, batch, tokens, tokens + 1)
             found |= {r.predicted_hash for r in plan.requests}
+            if names is not None:
+                names.update({r.predicted_hash: r.name for r in plan.requests})
         return found
 
     def _padded_differs(self, forwards: Forwards) -> bool:
