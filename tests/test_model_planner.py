@@ -167,3 +167,23 @@ def test_decode_lengths_reach_every_integer_class_and_power_of_two_bucket():
     for power in (128, 256, 2048):
         assert {power - 1, power, power + 1} <= set(lengths)
     assert all(n <= 4095 for n in lengths)
+
+
+def test_large_batches_and_decodes_past_one_prefill_are_planned():
+    # batches up to 32 (decode at every batch size, short prompts), and caches that grow by decoding
+    # beyond what one prefill of that batch holds (the long-decode launches: filled, then one step)
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    model = any_models.plain_hybrid(layers=2)
+    limits = EngineLimits(max_num_tokens=128, max_batch_size=32, max_seq_len=48, cuda_graph_batch_sizes=(1, 32))
+    planned, sites = plan(model, limits)
+    labels = [launch.label for launch in ModelProvider().launches(sites["model"], limits)]
+    assert "PlainHybrid decode B=32 cache=47" in labels
+    shapes = [(b, rng.randint(1, max(1, 128 // b)), rng.randint(0, 2)) for b in rng.sample(range(2, 33), 6)]
+    shapes.append((32, 1, 1))
+    assert misses(model, planned, shapes) == [], f"seed {seed}"
+    # a batch of 16 whose cache grows to 44 tokens by decoding (one prefill holds at most 8 per row)
+    keys = {r.predicted_hash for r in planned.requests}
+    with capture() as real:
+        serve(model, 16, 8, 36)
+    assert [r.name for r in real.requests if r.predicted_hash not in keys] == [], f"seed {seed}"

@@ -7,8 +7,8 @@ at every shape within the limits:
   makes (``use_cache=True``), then one decode step on that cache: every batch size at every cache length
   a prefill within the limits leaves;
 - decode at the longer cache lengths a batch reaches by decoding (beyond what one prefill of that batch
-  can hold): the cache is filled by chunked prefills within the limits (their launches are not kept),
-  then one step is decoded. The lengths are those that change a Triton specialization or a power-of-two
+  can hold): the cache is filled by one prefill of that length whose launches are not kept, then one
+  step is decoded. The lengths are those that change a Triton specialization or a power-of-two
   bucket: 1..64, each power of two and its neighbours, and ``max_seq_len - 1``;
 - padded batches (an attention mask), when a padded probe launches anything an unpadded one does not:
   one left-padded batch per (batch, length), every row but the first one token long.
@@ -140,18 +140,14 @@ def request(forwards: Forwards, batch: int, tokens: int, longest: int, padded: b
     with_host_indices_if_needed(lambda: _request(forwards, batch, tokens, longest, padded), padded)
 
 
-def long_decode(forwards: Forwards, batch: int, length: int, chunk: int) -> None:
-    """One decode step of ``batch`` rows on a cache of ``length`` tokens, filled by prefills of at most
-    ``chunk`` tokens whose launches are not kept (they are continued prefills, not planned here)."""
+def long_decode(forwards: Forwards, batch: int, length: int) -> None:
+    """One decode step of ``batch`` rows on a cache of ``length`` tokens. The cache is filled by one
+    prefill of ``length`` tokens whose launches are not kept: it may exceed the token limit (a server
+    reaches that cache by decoding), and its launches are not planned here."""
     from ..triton import capture
 
     with capture():  # the inner capture keeps the filling launches out of the planning one
-        cache = forwards.prefill(batch, min(chunk, length))
-        filled = min(chunk, length)
-        while filled < length:
-            step = min(chunk, length - filled)
-            cache = forwards.extend(cache, batch, step)
-            filled += step
+        cache = forwards.prefill(batch, length)
     forwards.extend(cache, batch, 1)
 
 
@@ -522,9 +518,8 @@ def _sweep(site: ModelSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
     if not forwards.cached:
         return
     for batch in range(1, limits.max_batch_size + 1):
-        chunk = max(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
+        prefilled = max(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
         for length in decode_lengths(limits.max_seq_len - 1):
-            if length > chunk:  # shorter caches are left by a prefill above, and decoded there
-                yield PlannedLaunch(Priority.BACKGROUND,
-                                    lambda b=batch, n=length, c=chunk: long_decode(forwards, b, n, c),
+            if length > prefilled:  # shorter caches are left by a prefill above, and decoded there
+                yield PlannedLaunch(Priority.BACKGROUND, lambda b=batch, n=length: long_decode(forwards, b, n),
                                     f"{site.label} decode B={batch} cache={length}")
