@@ -313,7 +313,7 @@ class PlanningRun(Sink):
             self._seen[request] = (priority, launch_group.family)
         self.variants[priority] += len(fresh)
         self._group_variants[group] += len(fresh)
-        provider = launch_group.items[0][0].name if launch_group.items else ""
+        provider = _provider_of(launch_group)
         for request in fresh:
             kernel = getattr(request, "name", "?")
             self._group_kernels[group][kernel] = self._group_kernels[group].get(kernel, 0) + 1
@@ -331,7 +331,7 @@ class PlanningRun(Sink):
     def group_done(self, group: int) -> None:
         launch_group = self._groups[group]
         self._stats.emit("planned", family=launch_group.family, priority=launch_group.priority.name,
-                         provider=launch_group.items[0][0].name if launch_group.items else "",
+                         provider=_provider_of(launch_group),
                          kernels=self._group_kernels[group],
                          launches=len(launch_group.items), variants=self._group_variants[group],
                          queued=self._group_queued[group], seconds=time.perf_counter() - self._enumeration_started)
@@ -354,3 +354,8 @@ class PlanningRun(Sink):
         message = f"{count} launches from {where.family} {where.priority.name} on are not planned: {why}"
         self.errors.append(message)
         log.warning("planning: %s", message)
+
+
+def _provider_of(group: LaunchGroup) -> str:
+    """The provider whose launches a group holds (groups are per provider)."""
+    return group.items[0][0].name if group.items else ""
