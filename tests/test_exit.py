@@ -64,32 +64,41 @@ def test_a_process_ends_with_its_own_status_promptly_and_leaves_nothing_behind(c
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen: set[int] = set()
-    done_at = None
-    deadline = time.monotonic() + 420
-    while proc.poll() is None and time.monotonic() < deadline:
-        seen |= _descendants(proc.pid)
-        try:
-            line = lines.get(timeout=0.05)
-        except queue.Empty:
-            continue
-        if line.startswith("WORK_DONE"):
-            assert "planning_done=False" in line  # planners were still enumerating
+    try:
+        done_at = None
+        deadline = time.monotonic() + 420
+        while proc.poll() is None and time.monotonic() < deadline:
             seen |= _descendants(proc.pid)
-            done_at = time.monotonic()
-            if sig is not None:
-                proc.send_signal(sig)
-    proc.wait(timeout=30)
-    ended_at = time.monotonic()
-    stderr.seek(0)
-    errors = stderr.read()
-    assert done_at is not None, errors[-3000:]
-    assert proc.returncode == status, errors[-3000:]
-    assert "terminate called" not in errors and proc.returncode != -signal.SIGABRT
-    # planners, the fork server and at least one helper were running when the work ended
-    assert len(seen) >= 3, seen
-    took = ended_at - done_at
-    print(f"{case}: ended {took:.2f}s after its work ({plain_exit_s:.2f}s without jit_ahead)")
-    assert took < plain_exit_s + 1.0, f"exit took {took:.2f}s after the work ended ({plain_exit_s:.2f}s without jit_ahead)"
-    time.sleep(1.0)  # a child that watches its parent notices within this
-    left = [pid for pid in seen if _alive(pid)]
-    assert not left, [(pid, psutil.Process(pid).cmdline()) for pid in left]
+            try:
+                line = lines.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if line.startswith("WORK_DONE"):
+                assert "planning_done=False" in line  # planners were still enumerating
+                seen |= _descendants(proc.pid)
+                done_at = time.monotonic()
+                if sig is not None:
+                    proc.send_signal(sig)
+        proc.wait(timeout=30)
+        ended_at = time.monotonic()
+        stderr.seek(0)
+        errors = stderr.read()
+        assert done_at is not None, errors[-3000:]
+        assert proc.returncode == status, errors[-3000:]
+        assert "terminate called" not in errors and proc.returncode != -signal.SIGABRT
+        # planners, the fork server and at least one helper were running when the work ended
+        assert len(seen) >= 3, seen
+        took = ended_at - done_at
+        print(f"{case}: ended {took:.2f}s after its work ({plain_exit_s:.2f}s without jit_ahead)")
+        assert took < plain_exit_s + 1.0, f"exit took {took:.2f}s after the work ended ({plain_exit_s:.2f}s without jit_ahead)"
+        time.sleep(1.0)  # a child that watches its parent notices within this
+        left = [pid for pid in seen if _alive(pid)]
+        assert not left, [(pid, psutil.Process(pid).cmdline()) for pid in left]
+    finally:  # a failed assert above must not leave the probe's forks to the tests that follow
+        for pid in seen | {proc.pid}:
+            try:
+                child = psutil.Process(pid)
+                if "tests.exit_probe" in " ".join(child.cmdline()):  # not a process that reused the pid
+                    child.kill()
+            except psutil.Error:
+                pass
