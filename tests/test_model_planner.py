@@ -14,6 +14,7 @@ from jit_ahead.providers.model import ModelProvider, ModelSite, decode_lengths
 from jit_ahead.triton import capture
 
 from . import any_models
+from .test_providers import misses as provider_misses
 
 
 def plan(model, limits, providers=None):
@@ -62,13 +63,8 @@ def random_requests(limits, count, rng):
 
 
 def misses(model, planned, shapes):
-    keys = {r.predicted_hash for r in planned.requests}
-    found = []
-    for shape in shapes:
-        with capture() as real:
-            serve(model, *shape)
-        found += [(shape, r.name) for r in real.requests if r.predicted_hash not in keys]
-    return found
+    """``test_providers.misses`` with each shape served by ``serve``."""
+    return provider_misses(planned, shapes, lambda *shape: serve(model, *shape))
 
 
 MODELS = {
