@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -26,7 +27,33 @@ from jit_ahead_helpers import worker
 
 log = logging.getLogger("jit_ahead.helper.forkserver")
 
-_POLL_S = 0.2  # how often the server reaps helpers and checks its own parent while idle
+_POLL_S = 0.2  # how often the server checks its own parent while idle
+
+
+class _ChildExits:
+    """Wakes the server's select when a helper exits (SIGCHLD through a wakeup pipe), so its Exited
+    notice goes out at once rather than at the next poll: the pool waits for it when it stops helpers."""
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = os.pipe()
+        for fd in (self.read_fd, self._write_fd):
+            os.set_blocking(fd, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a Python handler, so the wakeup fd is written
+        signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close_in_child(self) -> None:
+        """In a forked helper: its own children (compilers) are none of this server's business."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(self.read_fd)
+        os.close(self._write_fd)
 
 
 class _Control:
@@ -68,10 +95,12 @@ def _reap(control: _Control) -> None:
         control.send(Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
-def _run_helper(control: _Control, inbox_fd: int, outbox_fd: int, builder, prepared: dict) -> int:
+def _run_helper(control: _Control, exits: _ChildExits, inbox_fd: int, outbox_fd: int, builder,
+                prepared: dict) -> int:
     """In the forked child: become an ordinary helper on the two pipes the pool made for it."""
     t0 = time.perf_counter()
     control.close()  # the fork server's channel is not the helper's business
+    exits.close_in_child()
     processes.die_with_parent()  # the fork server is single-threaded: its one thread forked us
     worker.set_up_logging(force=True)
     worker.exit_with_parent(os.getppid())
@@ -91,14 +120,14 @@ def os_threads() -> list[str]:
         return []
 
 
-def _fork(control: _Control, builder, prepared: dict) -> None:
+def _fork(control: _Control, exits: _ChildExits, builder, prepared: dict) -> None:
     inbox_fd, outbox_fd = control.receive_fds(2)
     prepared = {**prepared, "forkserver_threads": os_threads()}
     pid = processes.fork_quietly()  # the threads a library's import started are reported in Ready instead
     if pid == 0:
         code = 1
         try:
-            code = _run_helper(control, inbox_fd, outbox_fd, builder, prepared)
+            code = _run_helper(control, exits, inbox_fd, outbox_fd, builder, prepared)
         except BaseException:  # noqa: BLE001 - a helper must never return into the fork server's loop
             traceback.print_exc()
         finally:
@@ -132,12 +161,14 @@ def serve(fd: int, forked_from_server: bool = False) -> int:
     builder, prepared = worker.configure(config, pinned=forked_from_server)
     prepared = {**prepared, "forked_from_server": forked_from_server}
     control.send(Ready(os.getpid(), time.perf_counter() - t0, {**worker.describe_self(), **prepared}))
+    exits = _ChildExits()
     while True:
-        readable, _, _ = select.select([control.sock], [], [], _POLL_S)
+        readable, _, _ = select.select([control.sock, exits.read_fd], [], [], _POLL_S)
+        exits.drain()
         _reap(control)
         if os.getppid() != parent:
             return 0  # the server is gone; our helpers see us go and follow
-        if not readable:
+        if control.sock not in readable:
             continue
         message = control.receive()
         if message is None or isinstance(message, Shutdown):
@@ -145,7 +176,7 @@ def serve(fd: int, forked_from_server: bool = False) -> int:
         if isinstance(message, Preload):
             control.send(worker.preload(message.modules))
         elif isinstance(message, Fork):
-            _fork(control, builder, prepared)
+            _fork(control, exits, builder, prepared)
         else:
             log.error("ignoring unexpected message %r", type(message).__name__)
 

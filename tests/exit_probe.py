@@ -2,12 +2,13 @@
 
 It starts jit_ahead as an engine would, plans the GatedDeltaNet demo model at limits large enough that
 planning (in forked planners) and builds (fla kernels in helpers) are still running, prints ``WORK_DONE``
-once both are under way, then ends by MODE: ``return`` from main, ``exit3`` (``sys.exit(3)``), or
+once both are under way (and ``JIT_AHEAD_CLOSED`` once jit_ahead's exit handler has run), then ends by MODE: ``return`` from main, ``exit3`` (``sys.exit(3)``), or
 ``wait`` (sleep until the test sends a signal). ``plain`` is the same process without jit_ahead: it
 builds the model, prints ``WORK_DONE`` and returns (how long the interpreter itself takes to end).
 """
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 import time
@@ -26,6 +27,8 @@ def main(mode: str) -> int:
         print("WORK_DONE", flush=True)
         return 0
 
+    # registered before jit_ahead's own exit handler, so it runs after it: the test times jit_ahead's part
+    atexit.register(lambda: print("JIT_AHEAD_CLOSED", flush=True))
     session = jit_ahead.start(triton={"workers": 2})
     building = threading.Event()
     session.stats.subscribe(lambda e: building.set() if e["event"] == "build_start" else None)

@@ -153,6 +153,9 @@ class PlanningRun(Sink):
         finally:
             if lock is not None:
                 lock.release()
+            # The listed launches (closures over the model's layers, one per call) are needed only while
+            # they run; held on, they stay in the server's memory and lengthen its exit.
+            self._groups = []
             self.seconds = time.perf_counter() - t0
             self._mark_queued(above=None)
             self._done.set()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .device_view import DeviceView
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import helper_environment, start_helper_process
+from .knobs import MAX_PROCESSES, checked_seconds
 from .processes import Spawner, end_tree
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
@@ -114,14 +115,26 @@ class _Helper:
     def wait_or_kill(self, timeout: float) -> None:
         """Wait for the process to exit; kill it with the compiler it may be running after ``timeout`` (a
         half-built entry is never published: Triton writes each cache entry atomically)."""
+        if not self.exited_within(timeout):
+            self.kill_tree()
+            self.reap()
+
+    def exited_within(self, timeout: float) -> bool:
         try:
             self.proc.wait(timeout=timeout)
+            return True
         except subprocess.TimeoutExpired:
-            end_tree(self.proc.pid)
-            try:
-                self.proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                log.warning("helper %s (pid %d) did not exit after SIGKILL", self.name, self.proc.pid)
+            return False
+
+    def kill_tree(self) -> None:
+        end_tree(self.proc.pid)
+
+    def reap(self) -> None:
+        """After ``kill_tree``: wait for the exit to be seen."""
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            log.warning("helper %s (pid %d) did not exit after SIGKILL", self.name, self.proc.pid)
 
     def stop(self, grace: float) -> None:
         if self.proc.poll() is None:
@@ -152,6 +165,12 @@ class HelperPool:
                  start_mode: str = "server", serving_workers: int | None = None) -> None:
         if start_mode not in ("server", "fork", "spawn"):
             raise ValueError(f"start_mode must be 'server', 'fork' or 'spawn', not {start_mode!r}")
+        for name, value in (("workers", workers), ("serving_workers", serving_workers)):
+            if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_PROCESSES):
+                raise ValueError(f"{name} must be an integer from 0 (no helpers: misses build in place) to "
+                                 f"{MAX_PROCESSES}, not {value!r}")
+        checked_seconds("build_timeout", build_timeout, minimum=1.0)
+        checked_seconds("start_timeout", start_timeout, minimum=1.0)
         self.family = family
         self.workers = workers
         # Helpers that keep building once serving starts: beside a busy executor, a full set of helpers
@@ -228,8 +247,11 @@ class HelperPool:
         for helper in helpers:
             helper.send(Shutdown())  # an idle helper exits at once; a busy one after its build
         deadline = time.monotonic() + grace  # one deadline for all, not ``grace`` per helper
-        for helper in helpers:
-            helper.wait_or_kill(max(0.0, deadline - time.monotonic()))
+        late = [helper for helper in helpers if not helper.exited_within(max(0.0, deadline - time.monotonic()))]
+        for helper in late:  # all killed before any is waited for: their exits overlap
+            helper.kill_tree()
+        for helper in late:
+            helper.reap()
         # before joining the slots: one may be waiting on the fork server (an import), which this ends
         self._close_forkserver(max(0.0, deadline - time.monotonic()), forever=True)
         for thread in self._threads:
