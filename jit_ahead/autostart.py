@@ -100,7 +100,7 @@ def start_session():
         if current() is not None:
             return current()
         session = start(knobs.families(FAMILIES), skip_unavailable=True)
-        warmup_s = knobs.env_float("JIT_AHEAD_WARMUP_S", 300.0)
+        warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
             timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))
             timer.daemon = True

@@ -110,8 +110,9 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
         print(f"{name:<96} {per_kernel[name]:>8}  {','.join(sorted(by.get(name.rsplit('.', 1)[-1], ()))) or '-'}")
     serial = sum(r.seconds for r in results)
     already = planned - len(tickets)
-    print(f"built {len(results) - len(failed)} of {len(tickets)} variants in {wall:.1f}s wall with {workers} "
-          f"helpers (nice 19, no GPU); serial compilation would have cost {serial:.1f}s"
+    where = f"with {workers} helpers (nice 19, no GPU)" if workers else "in this process (--workers 0)"
+    print(f"built {len(results) - len(failed)} of {len(tickets)} variants in {wall:.1f}s wall {where}; "
+          f"serial compilation would have cost {serial:.1f}s"
           + (f"; {already} were already on disk" if already else ""))
     for ticket, result in failed:
         print(f"FAILED {ticket.request.label}: {(result.error or '').strip().splitlines()[-1:]}", file=sys.stderr)
@@ -145,6 +146,18 @@ def _serve_on_gpu(session, names: list[str], limits, requests: int) -> int:
     return 0 if serving == 0 else 1
 
 
+def _workers(text: str) -> int:
+    from jit_ahead.core.knobs import MAX_PROCESSES
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a helper count from 0 to {MAX_PROCESSES}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jit-ahead", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -153,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "and build every variant in helpers")
     demo.add_argument("--target", default=os.environ.get("JIT_AHEAD_TARGET", "cuda:90"),
                       help="GPU target to build for when there is no GPU (default cuda:90)")
-    demo.add_argument("--workers", type=int, default=None,
-                      help="helpers (default: JIT_AHEAD_TRITON_WORKERS or the CPUs per local rank)")
+    demo.add_argument("--workers", type=_workers, default=None,
+                      help="helpers (default: JIT_AHEAD_TRITON_WORKERS or the CPUs per local rank, minus one); "
+                           "0 builds every variant in this process instead")
     demo.add_argument("--cache-dir", default=None, help="Triton cache directory (default: Triton's)")
     demo.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     demo.add_argument("--max-num-tokens", type=int, default=256)

@@ -252,3 +252,15 @@ def test_an_extra_limit_no_provider_reads_gets_one_warning_naming_the_closest_ke
     assert len(lines) == 1, lines
     assert "'scale_repat'" in lines[0] and "did you mean 'scale_repeat' (test-knob)" in lines[0]
     assert run.variants[Priority.BACKGROUND] > 0  # the rest of planning went on
+
+
+def test_with_no_helpers_wait_ready_builds_what_is_queued_in_place_instead_of_waiting_for_ever(
+        session_factory, triton_cache):
+    session = session_factory(workers=0)  # JIT_AHEAD_TRITON_WORKERS=0 / demo --workers 0
+    run = session.plan_model(model(), EngineLimits(max_num_tokens=16, max_batch_size=2), [ScaleProvider()])
+    assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
+    assert run.tickets and all(t.state is State.DONE for t in run.tickets)
+    assert {t.result.builder for t in run.tickets} == {"executor"}  # built here, once each
+    assert session.triton.pool.helper_pids() == {}
+    assert not any(p.name().startswith("python") for p in psutil.Process().children(recursive=True)
+                   if p.status() != psutil.STATUS_ZOMBIE and "jit_ahead_helpers" in " ".join(p.cmdline()))

@@ -3,6 +3,8 @@ a thread, and what happens when a planner dies, hangs, or serving starts before 
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -12,6 +14,7 @@ from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.providers import PlannedLaunch
 
+from .conftest import REPO
 from .layers import FileGate, ScaleProvider, model
 
 LIMITS = EngineLimits(max_num_tokens=96, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
@@ -294,3 +297,29 @@ def test_the_guard_says_whether_planning_had_finished_and_names_planned_variants
     assert run.wait(120)
     layer(torch.empty(5, layer.hidden, device="meta", dtype=torch.float16))
     assert any("was not planned" in m and "planning had finished" in m for m in messages())
+
+
+_LIBRARIES_PROBE = """
+import sys
+from jit_ahead.triton.standin import ensure_driver
+ensure_driver()
+import jit_ahead
+from jit_ahead.core.limits import EngineLimits
+from tests.layers import model
+session = jit_ahead.start(triton={"workers": 0})
+run = session.plan_model(model(), EngineLimits(16, 2, 16))  # every built-in provider looks at it
+assert run.wait(300), "planning did not finish"
+print("PLANNED", run.errors, sorted({m.split(".")[0] for m in sys.modules} & {"fla", "liger_kernel", "quack"}))
+session.close()
+"""
+
+
+def test_planning_a_model_does_not_import_kernel_libraries_it_does_not_use(tmp_path):
+    """Looking for a library's layers must not import the library: fla reads the GPU and Liger imports
+    dozens of modules at import, which the server would carry (and tear down at exit) for nothing."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO), JIT_AHEAD_PLANNERS="0")
+    proc = subprocess.run([sys.executable, "-c", _LIBRARIES_PROBE], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("PLANNED"))
+    assert line == "PLANNED [] []", line  # no provider failed, and none of the libraries was imported

@@ -309,3 +309,55 @@ def test_by_default_the_fork_server_is_a_fork_of_this_process_and_a_fresh_one_on
     assert pool.submit(second.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
     later = [e for e in pool.events if e["event"] == "forkserver_ready"][1:]
     assert later and later[0]["info"]["forked_from_server"] is False
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400", "86401", "-1"])
+def test_durations_no_wait_can_take_are_refused_with_one_line_and_the_default(monkeypatch, caplog, value):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    for name in ("JIT_AHEAD_WAIT_TIMEOUT_S", "JIT_AHEAD_BUILD_TIMEOUT_S", "JIT_AHEAD_WARMUP_S"):
+        monkeypatch.setenv(name, value)
+    assert knobs.wait_timeout_s() == 120.0
+    assert knobs.build_timeout_s() == 600.0
+    assert knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0) == 300.0  # as autostart reads it
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and all(repr(value) in line and "using the default" in line for line in lines), lines
+
+
+def test_process_counts_beyond_the_cpus_are_capped_with_a_warning(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setattr(knobs, "usable_cpus", lambda: 4)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("JIT_AHEAD_TRITON_WORKERS", "100000")
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "64")
+    assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == knobs.default_worker_count()  # beyond any bound
+    assert knobs.planner_count() == 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("JIT_AHEAD_TRITON_WORKERS='100000'" in m for m in lines)
+    assert any("JIT_AHEAD_PLANNERS=64 is more than the 4 CPUs" in m and "using 4" in m for m in lines), lines
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # more ranks than CPUs: still one helper, not none
+    monkeypatch.setenv("JIT_AHEAD_TRITON_WORKERS", "3")
+    assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == 1
+
+
+def test_absurd_limits_from_the_environment_are_refused(monkeypatch, caplog):
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_MAX_NUM_TOKENS", str(10**12))
+    monkeypatch.setenv("JIT_AHEAD_CUDA_GRAPH_SIZES", "1,2,999999999")
+    limits = knobs.engine_limits()
+    assert limits.max_num_tokens == 8192 and limits.cuda_graph_batch_sizes == (1, 2, 4, 8, 16)
+    assert len(caplog.records) == 2
+
+
+@pytest.mark.parametrize("options", [{"workers": -3}, {"workers": 100000}, {"workers": 1.5},
+                                     {"serving_workers": -1}, {"build_timeout": float("inf")},
+                                     {"build_timeout": float("nan")}, {"start_timeout": 0}])
+def test_absurd_pool_arguments_raise_a_clear_error(options):
+    with pytest.raises(ValueError, match=next(iter(options))):
+        HelperPool(SPEC, **{"workers": 1, **options}, stats=Stats())
+
+
+def test_an_explicit_wait_timeout_no_wait_can_take_raises():
+    for value in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="wait_timeout"):
+            knobs.wait_timeout_s(value)
+    assert knobs.wait_timeout_s(2) == 2.0

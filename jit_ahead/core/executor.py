@@ -66,6 +66,18 @@ def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[Any], 
         pool.table.wait_for_change(ticket, min(remaining, _REDECIDE_S) if state is State.QUEUED else remaining)
 
 
+def build_queued_here(pool: HelperPool, priority: Priority, build_here: Callable[[Any], dict | None],
+                      deadline: float | None) -> None:
+    """No helper will build for ``pool`` (none configured, or every slot gave up): build what is queued
+    at ``priority`` or higher on the calling thread, one at a time, until nothing is left or
+    ``deadline`` (monotonic) passes. A request a launch is building meanwhile is not taken twice."""
+    while not pool.closed and (deadline is None or time.monotonic() < deadline):
+        ticket = pool.table.take_next("executor", 0.0, up_to=priority)
+        if ticket is None:
+            return
+        _build_in_place(pool, ticket, build_here)
+
+
 def _build_in_place(pool: HelperPool, ticket, build_here) -> Outcome:
     request = ticket.request
     t0 = time.perf_counter()

@@ -18,7 +18,14 @@ _LOCAL_SIZE_VARS = (
 )
 
 
-def _env_number(name: str, default, minimum, parse, kind: str):
+# Bounds that only refuse absurd values: a day for any wait, and sizes far beyond what engines use.
+MAX_SECONDS = 86400.0
+MAX_PROCESSES = 1024
+MAX_TOKENS = 1 << 24
+MAX_BATCH = 1 << 16
+
+
+def _env_number(name: str, default, minimum, maximum, parse, kind: str):
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -26,18 +33,24 @@ def _env_number(name: str, default, minimum, parse, kind: str):
         value = parse(raw.strip())
     except ValueError:
         value = None
-    if value is None or not value >= minimum:  # "not >=" also rejects nan
-        log.error("%s=%r is not %s >= %s; using the default %s", name, raw, kind, minimum, default)
+    if value is None or not minimum <= value <= maximum:  # also false for nan; inf is above any maximum
+        log.error("%s=%r is not %s from %s to %s; using the default %s", name, raw, kind, minimum, maximum,
+                  default)
         return default
     return value
 
 
-def env_int(name: str, default: int, *, minimum: int = 0) -> int:
-    return _env_number(name, default, minimum, int, "an integer")
+def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 - 1) -> int:
+    return _env_number(name, default, minimum, maximum, int, "an integer")
 
 
-def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
-    return _env_number(name, default, minimum, float, "a number")
+def env_float(name: str, default: float, *, minimum: float = 0.0, maximum: float = MAX_SECONDS) -> float:
+    return _env_number(name, default, minimum, maximum, float, "a number")
+
+
+def env_seconds(name: str, default: float, *, minimum: float = 0.0) -> float:
+    """A duration knob: finite, from ``minimum`` to a day."""
+    return env_float(name, default, minimum=minimum, maximum=MAX_SECONDS)
 
 
 def usable_cpus() -> int:
@@ -66,16 +79,28 @@ def default_worker_count() -> int:
     return max(1, _cpus_per_rank() - 1)
 
 
+def process_count(name: str, default: int, *, minimum: int = 0) -> int:
+    """A count of processes this rank starts: above the CPUs it may use, more only queue for them (and
+    hold memory and pids), so it is capped there with one line."""
+    value = env_int(name, default, minimum=minimum, maximum=MAX_PROCESSES)
+    cap = max(1, minimum, _cpus_per_rank())
+    if value > cap:
+        log.warning("%s=%d is more than the %d CPUs this rank may use (%d usable, %d local ranks); using %d",
+                    name, value, cap, usable_cpus(), local_rank_count(), cap)
+        return cap
+    return value
+
+
 def worker_count(knob: str) -> int:
     """Helpers for one family; ``0`` means no helpers (every miss builds in place)."""
-    return env_int(knob, default_worker_count(), minimum=0)
+    return process_count(knob, default_worker_count(), minimum=0)
 
 
 def planner_count() -> int:
     """JIT_AHEAD_PLANNERS: planner processes forked from the server to enumerate a model's launches
     (default: the CPUs per local rank, minus one for the rank's own work); ``0`` enumerates in a thread
     of the server instead, which stops once serving starts."""
-    return env_int("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0)
+    return process_count("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0)
 
 
 def serving_worker_count() -> int:
@@ -84,7 +109,7 @@ def serving_worker_count() -> int:
     executor (7 on a 16-CPU host: the executor thread ran 1.03x slower beside 7 building helpers and
     1.76x beside 15 in the cpu_politeness bench on the H200 host)."""
     default = max(1, _cpus_per_rank() // 2 - 1)
-    return env_int("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
+    return process_count("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
 
 
 def serving_planner_count() -> int:
@@ -92,17 +117,27 @@ def serving_planner_count() -> int:
     exit after the chunk they run and the ones left claim the rest, so planning left over at serving
     shares the spare CPUs with the helpers still building instead of taking them all. Default: half the
     serving helpers, at least one."""
-    return env_int("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
+    return process_count("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
 
 
-def wait_timeout_s() -> float:
-    """How long a launch waits on another's build before it falls back to the DSL's own path."""
-    return env_float("JIT_AHEAD_WAIT_TIMEOUT_S", 120.0, minimum=0.0)
+def checked_seconds(name: str, value: float, *, minimum: float = 0.0) -> float:
+    """A duration passed in code: one that no wait can take (nan, inf, negative, beyond a day) raises."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= MAX_SECONDS:
+        raise ValueError(f"{name} must be a number of seconds from {minimum} to {MAX_SECONDS:.0f}, not {value!r}")
+    return float(value)
+
+
+def wait_timeout_s(explicit: float | None = None) -> float:
+    """How long a launch waits on another's build before it falls back to the DSL's own path:
+    ``explicit`` (checked) or JIT_AHEAD_WAIT_TIMEOUT_S."""
+    if explicit is not None:
+        return checked_seconds("wait_timeout", explicit)
+    return env_seconds("JIT_AHEAD_WAIT_TIMEOUT_S", 120.0, minimum=0.0)
 
 
 def build_timeout_s() -> float:
     """A helper build that runs longer than this is killed and counts as a crash."""
-    return env_float("JIT_AHEAD_BUILD_TIMEOUT_S", 600.0, minimum=1.0)
+    return env_seconds("JIT_AHEAD_BUILD_TIMEOUT_S", 600.0, minimum=1.0)
 
 
 def preload_modules(knob: str) -> tuple[str, ...]:
@@ -165,13 +200,13 @@ def engine_limits():
     dropped). A bad value logs one line and uses the default."""
     from .limits import EngineLimits
 
-    tokens = env_int("JIT_AHEAD_MAX_NUM_TOKENS", 8192, minimum=1)
-    batch = env_int("JIT_AHEAD_MAX_BATCH_SIZE", 16, minimum=1)
-    seq = env_int("JIT_AHEAD_MAX_SEQ_LEN", 4096, minimum=1)
+    tokens = env_int("JIT_AHEAD_MAX_NUM_TOKENS", 8192, minimum=1, maximum=MAX_TOKENS)
+    batch = env_int("JIT_AHEAD_MAX_BATCH_SIZE", 16, minimum=1, maximum=MAX_BATCH)
+    seq = env_int("JIT_AHEAD_MAX_SEQ_LEN", 4096, minimum=1, maximum=MAX_TOKENS)
     raw = os.environ.get("JIT_AHEAD_CUDA_GRAPH_SIZES", "1,2,4,8,16")
     try:
         graphs = tuple(sorted({int(v) for v in raw.split(",") if v.strip()}))
-        if any(g < 1 for g in graphs):
+        if any(not 1 <= g <= MAX_BATCH for g in graphs):
             raise ValueError
     except ValueError:
         log.error("JIT_AHEAD_CUDA_GRAPH_SIZES=%r is not a comma-separated list of positive integers; using "

@@ -10,6 +10,7 @@ import threading
 import time
 
 from . import device_view, knobs
+from .executor import build_queued_here
 from .limits import EngineLimits
 from .plan_cache import PlanStore, plan_folder
 from .planning import PlanningRun
@@ -110,13 +111,17 @@ class Session:
 
     def wait_ready(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
         """Wait until planning has queued every launch up to ``priority``, replay has queued its records,
-        and every request up to ``priority`` is settled (built, failed or quarantined); True if that
+        and every request up to ``priority`` is settled (built, failed or quarantined; with no helper to
+        build them, JIT_AHEAD_*_WORKERS=0, they are built here, on the calling thread); True if that
         happened within ``timeout``. The default, WARMUP, is what an engine's warmup needs: planning may go
         on enumerating BACKGROUND shapes afterwards. Replayed variants are REPLAY:
         ``priority=Priority.REPLAY`` waits for them too; ``Priority.BACKGROUND`` waits for everything."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self.wait_planned(timeout, priority):
             return False
+        for family in self.families.values():
+            if not family.pool.may_get_helpers():  # none configured, or every slot gave up: nothing else builds
+                build_queued_here(family.pool, priority, family.executor.build_here, deadline)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         return all(family.pool.table.wait_settled(priority, remaining) for family in self.families.values())
 

@@ -123,12 +123,13 @@ class RequestTable:
         heapq.heappush(self._heap, (int(ticket.priority), next(self._seq), ticket.key))
 
     # -- taking work ----------------------------------------------------------------------------
-    def take_next(self, owner: str, timeout: float) -> Ticket | None:
-        """Pop the highest-priority queued ticket and mark it RUNNING for ``owner``."""
+    def take_next(self, owner: str, timeout: float, up_to: Priority | None = None) -> Ticket | None:
+        """Pop the highest-priority queued ticket (one at ``up_to`` or higher, if given) and mark it
+        RUNNING for ``owner``."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._closed:
-                while self._heap:
+                while self._heap and (up_to is None or self._heap[0][0] <= int(up_to)):
                     prio, _, key = heapq.heappop(self._heap)
                     ticket = self._tickets[key]
                     if ticket.state is State.QUEUED and int(ticket.priority) == prio:

@@ -53,7 +53,7 @@ class CuteFamily:
                                           env_overrides={CACHE_KNOB: self.cache_dir})
         self.pool.preload(preload or ())
         self.executor = CuteExecutor(self.pool, self.arch,
-                                     core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout,
+                                     core_knobs.wait_timeout_s(wait_timeout),
                                      guard=core_knobs.guard_mode())
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
         # JIT_AHEAD_RECORD_DIR: what is seen before the records are open waits in _unrecorded.

@@ -44,6 +44,8 @@ def build_in_place(request: CuteCompileRequest) -> dict:
 class CuteExecutor:
     """Handles the server's ``cute.compile`` calls for one pool."""
 
+    build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
+
     def __init__(self, pool: HelperPool, arch: str, wait_timeout: float, guard: str = "warn") -> None:
         self.pool = pool
         self.arch = arch

@@ -2,6 +2,7 @@
 they can make within the engine limits, by calling the library's real launcher on meta tensors."""
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -62,6 +63,13 @@ class Provider(ABC):
         """What this provider plans in full among what ``find_layers`` returned (default: nothing); the
         model-level planner leaves it out of its own sweep."""
         return Claims()
+
+
+def imported(module: str):
+    """``module`` if this process has imported it, else None. A model holding a library's layers has
+    imported the module that defines them; looking for them must not import the library (seconds, and
+    memory and a longer exit for the server, for a library its model does not use)."""
+    return sys.modules.get(module)
 
 
 def warmup_token_counts(limits: EngineLimits) -> set[int]:

@@ -47,7 +47,7 @@ from ..core.limits import EngineLimits
 from ..core.planners import in_planner
 from ..core.priority import Priority
 from ..core.processes import fork_safe_lock
-from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
+from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape
 from .meta import MetaCaller, ProbedCall, layer_settings, probe, with_host_indices_if_needed
 
 log = logging.getLogger("jit_ahead.providers.fla")
@@ -143,9 +143,8 @@ class FlaGatedDeltaNetProvider(Provider):
                     "fla_continued_prefill": "plan prefills onto a cache holding a state; default False"}
 
     def find_layers(self, model) -> list:
-        try:
-            from fla.layers import GatedDeltaNet
-        except ImportError:  # fla-core alone has the ops but not the layers
+        GatedDeltaNet = getattr(imported("fla.layers"), "GatedDeltaNet", None)
+        if GatedDeltaNet is None:  # fla's layers not imported (or fla-core alone): none in the model
             return []
         layers = [(name, m) for name, m in model.named_modules() if isinstance(m, GatedDeltaNet)]
         if not layers:
@@ -180,11 +179,10 @@ class FlaGatedDeltaNetProvider(Provider):
     def claims(self, model, sites: list) -> Claims:
         """Every GatedDeltaNet layer (one per settings is planned; the others launch the same), and the
         outer fla modules whose every probed call is planned at every shape."""
-        try:
-            from fla.layers import GatedDeltaNet
-        except ImportError:
+        GatedDeltaNet = getattr(imported("fla.layers"), "GatedDeltaNet", None)
+        if GatedDeltaNet is None or not sites:
             return Claims()
-        layers = [id(m) for m in model.modules() if isinstance(m, GatedDeltaNet)] if sites else []
+        layers = [id(m) for m in model.modules() if isinstance(m, GatedDeltaNet)]
         outer = [member for site in sites if isinstance(site, ModuleSite) for member in site.members]
         return Claims(modules=frozenset(layers + outer))
 

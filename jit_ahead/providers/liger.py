@@ -31,7 +31,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from .base import Claims, PlannedLaunch, Provider, is_warmup_shape, warmup_token_counts
+from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,
                    probe)
 
@@ -41,9 +41,8 @@ ROW_WISE = ("LigerRMSNorm", "LigerLayerNorm", "LigerSwiGLUMLP", "LigerGEGLUMLP")
 
 
 def _row_wise_classes() -> tuple[type, ...]:
-    import liger_kernel.transformers as lt
-
-    return tuple(getattr(lt, name) for name in ROW_WISE if hasattr(lt, name))
+    lt = imported("liger_kernel.transformers")
+    return tuple(getattr(lt, name) for name in ROW_WISE if hasattr(lt, name)) if lt is not None else ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +122,8 @@ class LigerProvider(Provider):
     extra_limits = {"liger_losses": "plan cross entropy and fused linear cross entropy; default False"}
 
     def find_layers(self, model) -> list:
+        if imported("liger_kernel") is None:  # nothing of the model's comes from Liger
+            return []
         classes = _row_wise_classes()
         layers = [(name, m) for name, m in model.named_modules() if isinstance(m, classes)]
         if not layers and not _uses_liger_loss(model):

@@ -46,7 +46,7 @@ class TritonFamily:
         self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
                                           env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
         self.pool.preload(preload or ())
-        self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s() if wait_timeout is None else wait_timeout,
+        self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s(wait_timeout),
                                        guard=core_knobs.guard_mode())
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._previous_listener = None

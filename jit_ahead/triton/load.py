@@ -36,6 +36,8 @@ def _kernel(request) -> str:
 class TritonExecutor:
     """Handles the executor's misses for one pool."""
 
+    build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
+
     def __init__(self, pool: HelperPool, wait_timeout: float, guard: str = "warn") -> None:
         self.pool = pool
         self.wait_timeout = wait_timeout
