@@ -147,15 +147,12 @@ def _serve_on_gpu(session, names: list[str], limits, requests: int) -> int:
 
 
 def _workers(text: str) -> int:
-    from jit_ahead.core.knobs import MAX_PROCESSES
+    from jit_ahead.core.knobs import MAX_PROCESSES, checked_process_count
 
     try:
-        value = int(text)
+        return checked_process_count("--workers", int(text))
     except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_PROCESSES:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a helper count from 0 to {MAX_PROCESSES}")
-    return value
+        raise argparse.ArgumentTypeError(f"{text!r} is not a helper count from 0 to {MAX_PROCESSES}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

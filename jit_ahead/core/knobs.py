@@ -44,13 +44,9 @@ def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 -
     return _env_number(name, default, minimum, maximum, int, "an integer")
 
 
-def env_float(name: str, default: float, *, minimum: float = 0.0, maximum: float = MAX_SECONDS) -> float:
-    return _env_number(name, default, minimum, maximum, float, "a number")
-
-
 def env_seconds(name: str, default: float, *, minimum: float = 0.0) -> float:
     """A duration knob: finite, from ``minimum`` to a day."""
-    return env_float(name, default, minimum=minimum, maximum=MAX_SECONDS)
+    return _env_number(name, default, minimum, MAX_SECONDS, float, "a number")
 
 
 def usable_cpus() -> int:
@@ -118,6 +114,15 @@ def serving_planner_count() -> int:
     shares the spare CPUs with the helpers still building instead of taking them all. Default: half the
     serving helpers, at least one."""
     return process_count("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
+
+
+def checked_process_count(name: str, value) -> int:
+    """A process count passed in code (or on a command line): anything but an integer from 0 to
+    MAX_PROCESSES raises."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PROCESSES:
+        raise ValueError(f"{name} must be an integer from 0 (no helpers: misses build in place) to "
+                         f"{MAX_PROCESSES}, not {value!r}")
+    return value
 
 
 def checked_seconds(name: str, value: float, *, minimum: float = 0.0) -> float:

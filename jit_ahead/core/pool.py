@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .device_view import DeviceView
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import helper_environment, start_helper_process
-from .knobs import MAX_PROCESSES, checked_seconds
+from .knobs import checked_process_count, checked_seconds
 from .processes import Spawner, end_tree
 from .priority import Priority
 from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolError, Ready, Shutdown, read_message,
@@ -165,10 +165,9 @@ class HelperPool:
                  start_mode: str = "server", serving_workers: int | None = None) -> None:
         if start_mode not in ("server", "fork", "spawn"):
             raise ValueError(f"start_mode must be 'server', 'fork' or 'spawn', not {start_mode!r}")
-        for name, value in (("workers", workers), ("serving_workers", serving_workers)):
-            if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_PROCESSES):
-                raise ValueError(f"{name} must be an integer from 0 (no helpers: misses build in place) to "
-                                 f"{MAX_PROCESSES}, not {value!r}")
+        checked_process_count("workers", workers)
+        if serving_workers is not None:
+            checked_process_count("serving_workers", serving_workers)
         checked_seconds("build_timeout", build_timeout, minimum=1.0)
         checked_seconds("start_timeout", start_timeout, minimum=1.0)
         self.family = family
