@@ -328,12 +328,14 @@ def test_process_counts_beyond_the_cpus_are_capped_with_a_warning(monkeypatch, c
     monkeypatch.setattr(knobs, "usable_cpus", lambda: 4)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("JIT_AHEAD_TRITON_WORKERS", "100000")
+    monkeypatch.setenv("JIT_AHEAD_SERVING_WORKERS", "64")
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", "64")
     assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == knobs.default_worker_count()  # beyond any bound
-    assert knobs.planner_count() == 4
+    assert knobs.serving_worker_count() == 4
+    assert knobs.planner_count() == 64  # planners live only while a plan is enumerated: not capped
     lines = [r.getMessage() for r in caplog.records]
     assert any("JIT_AHEAD_TRITON_WORKERS='100000'" in m for m in lines)
-    assert any("JIT_AHEAD_PLANNERS=64 is more than the 4 CPUs" in m and "using 4" in m for m in lines), lines
+    assert any("JIT_AHEAD_SERVING_WORKERS=64 is more than the 4 CPUs" in m and "using 4" in m for m in lines), lines
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # more ranks than CPUs: still one helper, not none
     monkeypatch.setenv("JIT_AHEAD_TRITON_WORKERS", "3")
     assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == 1

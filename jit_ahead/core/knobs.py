@@ -75,9 +75,9 @@ def default_worker_count() -> int:
     return max(1, _cpus_per_rank() - 1)
 
 
-def process_count(name: str, default: int, *, minimum: int = 0) -> int:
-    """A count of processes this rank starts: above the CPUs it may use, more only queue for them (and
-    hold memory and pids), so it is capped there with one line."""
+def helper_count(name: str, default: int, *, minimum: int = 0) -> int:
+    """A count of helpers this rank keeps: above the CPUs it may use, more only queue for them (and hold
+    memory and pids for as long as there is work), so it is capped there with one line."""
     value = env_int(name, default, minimum=minimum, maximum=MAX_PROCESSES)
     cap = max(1, minimum, _cpus_per_rank())
     if value > cap:
@@ -89,14 +89,15 @@ def process_count(name: str, default: int, *, minimum: int = 0) -> int:
 
 def worker_count(knob: str) -> int:
     """Helpers for one family; ``0`` means no helpers (every miss builds in place)."""
-    return process_count(knob, default_worker_count(), minimum=0)
+    return helper_count(knob, default_worker_count(), minimum=0)
 
 
 def planner_count() -> int:
     """JIT_AHEAD_PLANNERS: planner processes forked from the server to enumerate a model's launches
     (default: the CPUs per local rank, minus one for the rank's own work); ``0`` enumerates in a thread
-    of the server instead, which stops once serving starts."""
-    return process_count("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0)
+    of the server instead, which stops once serving starts. Not capped by the CPUs, as helpers are:
+    planners live only while the plan is enumerated."""
+    return env_int("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0, maximum=MAX_PROCESSES)
 
 
 def serving_worker_count() -> int:
@@ -105,7 +106,7 @@ def serving_worker_count() -> int:
     executor (7 on a 16-CPU host: the executor thread ran 1.03x slower beside 7 building helpers and
     1.76x beside 15 in the cpu_politeness bench on the H200 host)."""
     default = max(1, _cpus_per_rank() // 2 - 1)
-    return process_count("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
+    return helper_count("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
 
 
 def serving_planner_count() -> int:
@@ -113,7 +114,8 @@ def serving_planner_count() -> int:
     exit after the chunk they run and the ones left claim the rest, so planning left over at serving
     shares the spare CPUs with the helpers still building instead of taking them all. Default: half the
     serving helpers, at least one."""
-    return process_count("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
+    return env_int("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1,
+                   maximum=MAX_PROCESSES)
 
 
 def checked_process_count(name: str, value) -> int:

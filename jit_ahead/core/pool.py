@@ -195,6 +195,7 @@ class HelperPool:
         self._helpers: dict[int, _Helper] = {}
         self._starting = 0  # slots that are starting a helper right now
         self._slots_running = 0  # slot threads that have not given up or stopped (they restart helpers)
+        self._started = False
         self._preload: list[str] = []
         self._bad_preloads: set[str] = set()
         self._job_ids = itertools.count(1)
@@ -225,8 +226,9 @@ class HelperPool:
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
-            if self._threads:
+            if self._started:
                 return
+            self._started = True
             self._slots_running = self.workers
             for slot in range(self.workers):
                 thread = threading.Thread(target=self._slot_main, args=(slot,), daemon=True,
@@ -313,6 +315,11 @@ class HelperPool:
         needed = set(request.modules)
         with self._lock:
             return any(needed <= helper.modules for helper in self._helpers.values())
+
+    def builds_nothing(self) -> bool:
+        """True once the pool has started and no helper will build what is queued: none configured, or
+        every slot gave up. Misses then build in place, and so does ``Session.wait_ready``."""
+        return self._started and not self.may_get_helpers()
 
     def may_get_helpers(self) -> bool:
         """True while a helper is running or a slot is still starting one or backing off to retry."""

@@ -120,7 +120,7 @@ class Session:
         if not self.wait_planned(timeout, priority):
             return False
         for family in self.families.values():
-            if not family.pool.may_get_helpers():  # none configured, or every slot gave up: nothing else builds
+            if family.pool.builds_nothing():
                 build_queued_here(family.pool, priority, family.executor.build_here, deadline)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         return all(family.pool.table.wait_settled(priority, remaining) for family in self.families.values())
