@@ -1,6 +1,7 @@
 """A process that uses jit_ahead ends as it would without it, while planning and builds still run: with
 its own status, within a second of its own work ending, never aborting, and leaving no planner, helper
 or compiler process behind."""
+import dataclasses
 import os
 import queue
 import signal
@@ -44,6 +45,49 @@ def _start(mode: str, tmp_path):
     return proc, stderr
 
 
+@dataclasses.dataclass
+class Watched:
+    """One probe run as the tests see it: when its lines came, when it ended, every descendant seen."""
+
+    work_line: str = ""
+    done_at: float | None = None
+    closed_at: float | None = None  # jit_ahead's exit handler had run
+    ended_at: float | None = None
+    seen: set[int] = dataclasses.field(default_factory=set)
+
+
+def _watch(proc, sig, watched: Watched) -> Watched:
+    """Follow ``proc`` to its end, sampling its descendants, sending ``sig`` once its work is done. The
+    plain run is watched the same way, so that both ends are timed under the same sampling load."""
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put((time.monotonic(), line)) for line in proc.stdout],
+                              daemon=True)
+    reader.start()
+
+    def note(at: float, line: str) -> None:
+        if line.startswith("WORK_DONE"):
+            watched.seen |= _descendants(proc.pid)
+            watched.work_line, watched.done_at = line, at
+            if sig is not None:
+                proc.send_signal(sig)
+        elif line.startswith("JIT_AHEAD_CLOSED"):
+            watched.closed_at = at
+
+    deadline = time.monotonic() + 420
+    while proc.poll() is None and time.monotonic() < deadline:
+        watched.seen |= _descendants(proc.pid)
+        try:
+            note(*lines.get(timeout=0.05))
+        except queue.Empty:
+            continue
+    proc.wait(timeout=30)
+    watched.ended_at = time.monotonic()
+    reader.join(timeout=5)
+    while not lines.empty():  # what came after the last poll
+        note(*lines.get())
+    return watched
+
+
 @pytest.fixture(scope="module")
 def plain_exit_s(tmp_path_factory) -> float:
     """How long the same process without jit_ahead takes to end after its work (the interpreter tearing
@@ -52,12 +96,8 @@ def plain_exit_s(tmp_path_factory) -> float:
     took = []
     for _ in range(2):
         proc, _ = _start("plain", tmp_path_factory.mktemp("plain"))
-        for line in proc.stdout:
-            if line.startswith("WORK_DONE"):
-                done_at = time.monotonic()
-                break
-        proc.wait(timeout=60)
-        took.append(time.monotonic() - done_at)
+        watched = _watch(proc, None, Watched())
+        took.append(watched.ended_at - watched.done_at)
     return max(took)
 
 
@@ -65,38 +105,14 @@ def plain_exit_s(tmp_path_factory) -> float:
 def test_a_process_ends_with_its_own_status_promptly_and_leaves_nothing_behind(case, tmp_path, plain_exit_s):
     mode, sig, status = CASES[case]
     proc, stderr = _start(mode, tmp_path)
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put((time.monotonic(), line)) for line in proc.stdout],
-                              daemon=True)
-    reader.start()
-    seen: set[int] = set()
+    watched = Watched()
     try:
-        done_at = closed_at = None
-        deadline = time.monotonic() + 420
-        while proc.poll() is None and time.monotonic() < deadline:
-            seen |= _descendants(proc.pid)
-            try:
-                at, line = lines.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if line.startswith("WORK_DONE"):
-                assert "planning_done=False" in line  # planners were still enumerating
-                seen |= _descendants(proc.pid)
-                done_at = at
-                if sig is not None:
-                    proc.send_signal(sig)
-            elif line.startswith("JIT_AHEAD_CLOSED"):
-                closed_at = at
-        proc.wait(timeout=30)
-        ended_at = time.monotonic()
-        reader.join(timeout=5)
-        while not lines.empty():  # what came after the last poll
-            at, line = lines.get()
-            if line.startswith("JIT_AHEAD_CLOSED"):
-                closed_at = at
+        _watch(proc, sig, watched)
+        done_at, closed_at, ended_at, seen = watched.done_at, watched.closed_at, watched.ended_at, watched.seen
         stderr.seek(0)
         errors = stderr.read()
         assert done_at is not None, errors[-3000:]
+        assert "planning_done=False" in watched.work_line  # planners were still enumerating
         assert proc.returncode == status, errors[-3000:]
         assert "terminate called" not in errors and proc.returncode != -signal.SIGABRT
         # planners, the fork server and at least one helper were running when the work ended
@@ -113,7 +129,7 @@ def test_a_process_ends_with_its_own_status_promptly_and_leaves_nothing_behind(c
         left = [pid for pid in seen if _alive(pid)]
         assert not left, [(pid, psutil.Process(pid).cmdline()) for pid in left]
     finally:  # a failed assert above must not leave the probe's forks to the tests that follow
-        for pid in seen | {proc.pid}:
+        for pid in watched.seen | {proc.pid}:
             try:
                 child = psutil.Process(pid)
                 if "tests.exit_probe" in " ".join(child.cmdline()):  # not a process that reused the pid
