@@ -1,7 +1,10 @@
 """The helper pool with the real Triton builder: order, deduplication, failures, crashes, isolation."""
 import dataclasses
+import importlib
 import logging
 import os
+import sys
+import threading
 import time
 
 import psutil
@@ -226,6 +229,57 @@ def test_forked_helpers_share_one_import_of_the_preloaded_modules(triton_cache, 
     pids = [*pool.helper_pids().values(), server["pid"]]
     pool.close()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+HALF_IMPORTED = """
+import os, time
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def late_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+# Only in the test's own process: the import stops here until the test lets it finish.
+while os.getpid() == {pid} and not os.path.exists({release!r}):
+    time.sleep(0.01)
+"""
+
+
+def test_a_module_another_thread_is_importing_at_the_fork_is_imported_afresh_in_helpers(
+        triton_cache, pools, tmp_path, monkeypatch):
+    # A server goes on importing while the pool forks the fork server from it. The module lock of an
+    # import in progress is held, in the fork, by a thread that does not exist there: a helper importing
+    # that module to build its kernel waited forever (a CI run's helper hung 600 s on the basic kernel).
+    release = tmp_path / "release"
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "tests_half_imported.py").write_text(
+        HALF_IMPORTED.format(pid=os.getpid(), release=str(release)))
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    importer = threading.Thread(target=importlib.import_module, args=("tests_half_imported",), daemon=True)
+    importer.start()
+    deadline = time.monotonic() + 60
+    while not hasattr(sys.modules.get("tests_half_imported"), "late_kernel"):
+        assert time.monotonic() < deadline and importer.is_alive()
+        time.sleep(0.01)
+    try:
+        x = torch.empty(64, device="meta", dtype=torch.float32)
+        with capture() as planned:
+            sys.modules["tests_half_imported"].late_kernel[(1,)](x, 64, BLOCK=64)
+        pool = make_pool(triton_cache, build_timeout=60)  # the fork server is forked mid-import
+        pools.append(pool)
+        pool.start()
+        ticket = pool.submit(planned.requests[0].build_request(), Priority.BACKGROUND)
+        assert ticket.wait(240) is State.DONE, ticket.result and ticket.result.error
+        assert ticket.result.builder == "helper-0"
+        assert importer.is_alive()  # the import the helpers did not wait for is still under way here
+    finally:
+        release.touch()
+        importer.join(60)
+    assert not importer.is_alive()
 
 
 def test_a_killed_fork_server_is_replaced_and_builds_go_on(triton_cache, pools):

@@ -21,6 +21,8 @@ import warnings
 
 import psutil
 
+from .unfinished_imports import forget_unfinished_imports
+
 log = logging.getLogger("jit_ahead.processes")
 
 _PR_SET_PDEATHSIG = 1
@@ -165,7 +167,8 @@ class Spawner:
 
 def fork_quietly() -> int:
     """``os.fork()`` without Python 3.12's warning that other threads exist: the callers' children run
-    none of them, and hold none of their locks (module locks are fork_safe_lock)."""
+    none of them, and hold none of their locks (module locks are fork_safe_lock; half-done imports are
+    dropped by ``detach_from_server``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return os.fork()
@@ -175,7 +178,9 @@ def detach_from_server(keep: tuple[int, ...]) -> None:
     """First steps of a process forked from the server without exec (a planner, the fork server): its
     inherited descriptors point at /dev/null (``keep`` aside), it dies with the thread that forked it,
     takes none of the server's signal handlers, leaves the server's objects to the server (no collection
-    pass copies their pages), and runs torch single-threaded."""
+    pass copies their pages), runs torch single-threaded, and imports afresh what other threads of the
+    server were importing at the fork (``unfinished_imports``)."""
+    forget_unfinished_imports()
     detach_descriptors(keep)
     die_with_parent()
     reset_signals()
