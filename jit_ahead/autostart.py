@@ -89,25 +89,24 @@ def _hook_transformers() -> None:
 
 def start_session():
     """The session of the ``JIT_AHEAD=1`` path, started now if it was not yet; None if it cannot start."""
-    import logging
     import threading
 
-    log = logging.getLogger("jit_ahead.autostart")
     try:
         from .core import knobs
-        from .core.session import FAMILIES, current, start
+        from .core.session import FAMILIES, current, say, start
 
         if current() is not None:
             return current()
-        session = start(knobs.families(FAMILIES), skip_unavailable=True)
+        session = start(knobs.families(FAMILIES), skip_unavailable=True, announce=True)
         warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
             timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))
             timer.daemon = True
             timer.start()
             session.add_serving_listener(timer.cancel)
-        log.info("jit_ahead on (JIT_AHEAD=1); serving is assumed %s", f"{warmup_s:.0f}s after start"
-                 if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
+        say(f"jit_ahead on (JIT_AHEAD=1): {session.describe()}; serving is assumed "
+            + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
+            + (f"; stats log {session.stats_log.path}" if session.stats_log is not None else ""))
         return session
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")

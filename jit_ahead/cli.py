@@ -58,11 +58,11 @@ def _demo(args: argparse.Namespace) -> int:
 
     from jit_ahead.core.priority import Priority
     from jit_ahead.core.session import Session
-    from jit_ahead.triton.standin import ensure_driver, parse_target, real_driver_available
+    from jit_ahead.triton.standin import ensure_driver, real_driver_available
 
     # first: the kernel libraries must see the target's GPU when they are imported (a real GPU wins)
-    target = ensure_driver(parse_target(args.target))
-    names = _installed([n for n in args.models.split(",") if n])
+    target = ensure_driver(args.target)
+    names = _installed(args.models)
     if not names:
         print("no demo model can be built: pip install 'jit_ahead[liger,fla]'", file=sys.stderr)
         return 2
@@ -146,6 +146,38 @@ def _serve_on_gpu(session, names: list[str], limits, requests: int) -> int:
     return 0 if serving == 0 else 1
 
 
+def _models(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown model {', '.join(unknown) or repr(text)}; "
+                                         f"choose from {', '.join(MODELS)} (comma-separated)")
+    return names
+
+
+def _target(text: str):
+    from jit_ahead.triton.standin import parse_target
+
+    try:
+        return parse_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bounded(name: str, low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {name} from {low} to {high}")
+        return value
+
+    parse.__name__ = name  # argparse names the type in its own messages
+    return parse
+
+
 def _workers(text: str) -> int:
     from jit_ahead.core.knobs import MAX_PROCESSES, checked_process_count
 
@@ -156,22 +188,30 @@ def _workers(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jit_ahead.core.knobs import MAX_BATCH, MAX_TOKENS
+
     parser = argparse.ArgumentParser(prog="jit-ahead", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="plan small transformers models (Liger-Kernel, fla) within engine limits "
-                                       "and build every variant in helpers")
-    demo.add_argument("--target", default=os.environ.get("JIT_AHEAD_TARGET", "cuda:90"),
-                      help="GPU target to build for when there is no GPU (default cuda:90)")
+                                       "and build every variant in helpers",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    demo.add_argument("--target", type=_target, default=os.environ.get("JIT_AHEAD_TARGET", "cuda:90"),
+                      help="GPU target to build for when there is no GPU, BACKEND:ARCH[:WARP_SIZE] "
+                           "(JIT_AHEAD_TARGET)")
     demo.add_argument("--workers", type=_workers, default=None,
                       help="helpers (default: JIT_AHEAD_TRITON_WORKERS or the CPUs per local rank, minus one); "
                            "0 builds every variant in this process instead")
-    demo.add_argument("--cache-dir", default=None, help="Triton cache directory (default: Triton's)")
-    demo.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    demo.add_argument("--max-num-tokens", type=int, default=256)
-    demo.add_argument("--max-batch-size", type=int, default=4)
-    demo.add_argument("--max-seq-len", type=int, default=256)
-    demo.add_argument("--requests", type=int, default=20, help="requests in the GPU serving loop")
+    demo.add_argument("--cache-dir", default=None, help="Triton cache directory (None: Triton's)")
+    demo.add_argument("--models", type=_models, default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    demo.add_argument("--max-num-tokens", type=_bounded("token count", 1, MAX_TOKENS), default=256,
+                      help="tokens per forward")
+    demo.add_argument("--max-batch-size", type=_bounded("batch size", 1, MAX_BATCH), default=4,
+                      help="sequences per forward")
+    demo.add_argument("--max-seq-len", type=_bounded("sequence length", 1, MAX_TOKENS), default=256,
+                      help="tokens per sequence")
+    demo.add_argument("--requests", type=_bounded("request count", 0, 1 << 20), default=20,
+                      help="requests in the GPU serving loop")
     report = sub.add_parser("report", help="coverage report from a stats log (JIT_AHEAD_STATS): per kernel, "
                                            "unplanned variants and what differs, an HTML timeline")
     report.add_argument("log", help="a stats log (.jsonl)")
@@ -185,12 +225,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from jit_ahead.report import report
+    from jit_ahead.report import NotAStatsLog, report
 
     try:
         print(report(args.log, args.html), end="")
-    except OSError as exc:
-        print(f"cannot read {args.log}: {exc}", file=sys.stderr)
+    except NotAStatsLog as exc:
+        print(f"jit-ahead report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # names the file it is about: the input log, or the --html page
+        what = "write" if args.html and exc.filename == args.html else "read"
+        print(f"jit-ahead report: cannot {what} {exc.filename or args.log}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if args.html:
         print(f"html: {os.path.abspath(args.html)}")

@@ -43,18 +43,27 @@ class Coverage:
     bad_lines: int
 
 
+class NotAStatsLog(ValueError):
+    """The input holds no jit_ahead event: not a stats log (or one written by a process that logged nothing)."""
+
+
 def read_events(path: Path) -> tuple[list[dict], int]:
-    """The log's events in time order; lines that are not JSON events are counted and skipped."""
+    """The log's events in time order; lines that are not JSON events are counted and skipped. Raises
+    NotAStatsLog when no line is one (an empty file, text or binary that is not a stats log)."""
     events, bad = [], 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # binary input is bad lines, not a crash
         for line in f:
             try:
                 event = json.loads(line)
-                if not isinstance(event, dict) or "event" not in event or "time" not in event:
+                if not isinstance(event, dict) or "event" not in event or not isinstance(event.get("time"),
+                                                                                          (int, float)):
                     raise ValueError("not an event")
                 events.append(event)
             except ValueError:
                 bad += 1
+    if not events:
+        what = "it is empty" if not bad else f"none of its {bad} lines is a jit_ahead event"
+        raise NotAStatsLog(f"{path} is not a jit_ahead stats log ({what}); write one with JIT_AHEAD_STATS=1")
     if bad:
         log.warning("%s: %d lines are not jit_ahead events and were skipped", path, bad)
     return sorted(events, key=lambda e: e["time"]), bad
@@ -247,6 +256,9 @@ def html_page(coverage: Coverage, title: str) -> str:
 
 
 def report(path: str | Path, html_out: str | Path | None = None) -> str:
+    """The text report of stats log ``path``; also the HTML page at ``html_out``. Raises NotAStatsLog for
+    input that holds no event, OSError (its ``filename`` naming the file) when a file cannot be read or
+    written."""
     events, bad = read_events(Path(path))
     coverage = analyse(events, bad)
     if html_out is not None:

@@ -102,3 +102,44 @@ def test_the_model_hook_can_be_turned_off():
             "num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=128))\n"
             "print(json.dumps(len(jit_ahead.current()._planning)))")
     assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_PLAN_MODELS="off") == 0
+
+
+def run_raw(code: str, cwd: str = "/", **env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd,
+                         env={**clean, **env})
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("logging_setup, stats", [("", False), ("", True), ("logging.basicConfig(level=logging.INFO)", False),
+                                                  ("logging.basicConfig(level=logging.INFO)", True)],
+                         ids=["no-logging", "no-logging-stats", "logging", "logging-stats"])
+def test_on_is_said_once_at_start_and_the_summary_once_at_exit(tmp_path, logging_setup, stats):
+    # A person must see that JIT_AHEAD=1 took effect, and what it did, once each: through the server's
+    # logging where it shows jit_ahead's lines, else on stderr.
+    code = f"import logging\n{logging_setup}\nimport triton\nimport jit_ahead\nprint('{{}}')\n"
+    env = {"JIT_AHEAD": "1", "JIT_AHEAD_TRITON_WORKERS": "2"}
+    if stats:
+        env["JIT_AHEAD_STATS"] = str(tmp_path / "stats.jsonl")
+    lines = run_raw(code, **env).stderr.splitlines()
+    on = [line for line in lines if "jit_ahead on (JIT_AHEAD=1): triton with 2 helpers" in line]
+    assert len(on) == 1, lines
+    assert ("stats log" in on[0]) is stats
+    summaries = [line for line in lines if "jit_ahead: planned 0" in line]
+    assert len(summaries) == 1, lines
+
+
+def test_a_stats_log_on_a_full_disk_is_one_line_and_the_run_goes_on():
+    # /dev/full: every write fails with ENOSPC. One line says so, the log is off, nothing else changes.
+    code = ("import triton, jit_ahead\nfrom tests.scenarios import run_scenario\nrun_scenario('basic')\n"
+            "print(jit_ahead.current().stats_log.failed)\n")
+    out = run_raw(code, cwd=str(Path(__file__).parent.parent), JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0",
+                  JIT_AHEAD_STATS="/dev/full")
+    assert "No space left on device" in out.stdout
+    lines = out.stderr.splitlines()
+    errors = [line for line in lines if "/dev/full" in line and "cannot write" in line]
+    assert len(errors) == 1 and "summary goes to the log" in errors[0], lines
+    (summary,) = [line for line in lines if line.startswith("jit_ahead: planned")]
+    assert "executor compiles (startup)" in summary and "off after a failed write" in summary
+    assert not any("listener" in line for line in lines), lines

@@ -28,6 +28,16 @@ EXIT_GRACE_S = 0.1
 FAMILIES = {"triton": "jit_ahead.triton.family:TritonFamily", "cute": "jit_ahead.cute.family:CuteFamily"}
 
 
+def say(line: str) -> None:
+    """A line a person should see exactly once: through logging where it shows jit_ahead's INFO lines
+    (the server configured it so), else on stderr."""
+    logger = logging.getLogger("jit_ahead")
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        log.info("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
 def _family_class(name: str):
     try:
         module, _, cls = FAMILIES[name].partition(":")
@@ -38,9 +48,11 @@ def _family_class(name: str):
 
 class Session:
     def __init__(self, families=("triton",), *, stats: Stats | None = None, skip_unavailable: bool = False,
-                 **family_options) -> None:
+                 announce: bool = False, **family_options) -> None:
         """``skip_unavailable``: a family whose DSL is not installed is left out with one line instead of
-        raising ImportError (the ``JIT_AHEAD=1`` start-up)."""
+        raising ImportError (the ``JIT_AHEAD=1`` start-up). ``announce``: the summary at close is shown
+        even where logging would not show it (``say``), as it is when a stats log is written."""
+        self.announce = announce
         self.stats = stats or Stats()
         self.stats_log = open_stats_log(self.stats)
         self._tally: collections.Counter[str] = collections.Counter()
@@ -171,10 +183,21 @@ class Session:
         summary = self.summary()
         self.stats.emit("summary", **summary)
         line = "jit_ahead: " + ", ".join(f"{k} {v}" for k, v in summary.items())
-        log.info("%s", line)
-        if self.stats_log is not None:  # asked for stats: the summary is shown even without logging set up
+        if self.stats_log is not None:
             self.stats_log.close()
-            print(line, file=sys.stderr)
+        if self.announce or self.stats_log is not None:  # asked for: shown even without logging set up
+            say(line)
+        else:
+            log.info("%s", line)
+
+    def describe(self) -> str:
+        """The families and their helpers, for the start-up line."""
+        parts = []
+        for name, family in self.families.items():
+            pool = family.pool
+            helpers = f"{pool.workers} helpers" if pool.workers else "no helpers (misses build in place)"
+            parts.append(f"{name} with {helpers}")
+        return ", ".join(parts) or "no family available"
 
     def _count(self, record: dict) -> None:
         event = record["event"]
@@ -191,7 +214,8 @@ class Session:
         """Counts for the one-line summary at exit."""
         out = {"planned": sum(sum(run.variants.values()) for run in self._planning), **self._tally}
         if self.stats_log is not None:
-            out["stats log"] = str(self.stats_log.path)
+            failed = self.stats_log.failed
+            out["stats log"] = str(self.stats_log.path) + (f" (off after a failed write: {failed})" if failed else "")
         return out
 
     def __enter__(self) -> "Session":

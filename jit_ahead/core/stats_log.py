@@ -29,23 +29,40 @@ def stats_log_path(raw: str | None, pid: int | None = None) -> Path | None:
 
 
 class StatsLog:
-    """A Stats listener appending each event as one JSON line; safe from any thread."""
+    """A Stats listener appending each event as one JSON line; safe from any thread. The first write that
+    fails (a full disk, a lost mount) logs one line and turns the log off: events are dropped from then
+    on, the process and its summary line go on."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path).absolute()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # one line, one flush
         self._lock = threading.Lock()
+        self.failed: str | None = None  # why writing stopped
 
     def __call__(self, record: dict) -> None:
         line = json.dumps(record, default=str, separators=(",", ":"))
         with self._lock:
-            if not self._file.closed:
+            if self._file.closed:
+                return
+            try:
                 self._file.write(line + "\n")
+            except OSError as exc:
+                self.failed = str(exc)
+                log.error("cannot write the stats log %s (%s); it is off from here on, the summary goes to the "
+                          "log", self.path, exc)
+                self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        try:
+            self._file.close()  # flushes what is buffered: that may fail the same way
+        except OSError:
+            pass
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if not self._file.closed:
+                self._close_quietly()
 
 
 def open_stats_log(stats, raw: str | None = None) -> StatsLog | None:

@@ -93,13 +93,19 @@ def _launch_once(kernel_call, quantiles=None, **kwargs):
 
 
 def parse_target(text: str) -> GPUTarget:
-    """``cuda:90`` or ``cuda:90:32`` (backend, arch, warp size)."""
+    """``cuda:90`` or ``cuda:90:32`` (backend, compute capability, warp size). Only CUDA targets: the
+    stand-in driver and the builders know no other backend."""
     parts = text.strip().split(":")
     try:
-        backend, arch = parts[0], int(parts[1])
+        backend, arch = parts[0].lower(), int(parts[1])
         warp = int(parts[2]) if len(parts) > 2 else 32
+        if len(parts) > 3:
+            raise ValueError
     except (IndexError, ValueError):
         raise ValueError(f"bad target {text!r}: expected BACKEND:ARCH[:WARP_SIZE], for example cuda:90") from None
+    if backend != "cuda" or not 50 <= arch <= 999 or warp != 32:
+        raise ValueError(f"bad target {text!r}: expected cuda:ARCH with a compute capability such as 80, 90 or "
+                         "100 (warp size 32)")
     return GPUTarget(backend, arch, warp)
 
 
