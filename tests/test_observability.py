@@ -100,6 +100,54 @@ def test_guard_error_makes_the_launch_fail_after_serving_started(monkeypatch):
         session.close()
 
 
+def test_a_damaged_record_cannot_switch_the_guard_off(monkeypatch, tmp_path, caplog):
+    # Records are data: a line whose specialization is not Triton's JSON must neither be replayed nor make
+    # the guard's explanation fail, which let the unplanned launch compile with no error.
+    from jit_ahead.core.records import RecordFolder
+    from jit_ahead.triton.record import RecordedVariant, record_format
+
+    fmt = record_format(("cuda", 90, 32))
+    with capture() as recorded:
+        k.add_kernel[(1,)](X, X, X, 4096, BLOCK=32)
+    (good,) = recorded.requests
+    folder = RecordFolder(tmp_path / "records", fmt, rank="rank0")
+    folder.add([RecordedVariant(good)])
+    folder.close()
+    with open(folder.path, "a") as f:
+        for spec in ("not json {", '{"signature": 5}', "[1, 2]"):
+            f.write(json.dumps({**fmt.encode(RecordedVariant(good)), "spec": spec, "hash": "e" * 64}) + "\n")
+    session = planned_session(monkeypatch, JIT_AHEAD_MODE="error", JIT_AHEAD_RECORD_DIR=str(tmp_path / "records"))
+    try:
+        assert session.triton.wait_replay(120)
+        serve(session)
+        with pytest.raises(JitAfterReadyError, match="constexpr BLOCK: (32|64) -> 256"):
+            k.add_kernel[(1,)](X, X, X, 4096, BLOCK=256)
+    finally:
+        session.close()
+    assert any("3 unusable line(s)" in r.getMessage() for r in caplog.records)
+    assert not any("miss handling failed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("mode", ["error", "warn"])
+def test_a_failure_in_miss_handling_does_not_switch_the_guard_off(monkeypatch, caplog, mode):
+    session = planned_session(monkeypatch, JIT_AHEAD_MODE=mode)
+    try:
+        serve(session)
+
+        def broken(fn, compile, env=None):
+            raise RuntimeError("a bug in jit_ahead's miss handling")
+
+        monkeypatch.setattr("jit_ahead.triton.load.request_from_hook", broken)
+        if mode == "error":
+            with pytest.raises(JitAfterReadyError, match="could not handle the miss .RuntimeError: a bug"):
+                k.add_kernel[(1,)](X, X, X, 4096, BLOCK=1024)
+        else:  # warn: the launch compiles the DSL's way, and the log says why
+            k.add_kernel[(1,)](X, X, X, 4096, BLOCK=1024)
+            assert any("miss handling failed" in r.getMessage() for r in caplog.records)
+    finally:
+        session.close()
+
+
 def test_stats_log_path_rules(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert stats_log_path("1", pid=7) == tmp_path / "jit_ahead_stats.7.jsonl"

@@ -28,6 +28,16 @@ class JitAfterReadyError(RuntimeError):
     """A kernel was about to compile on the executor after serving started (JIT_AHEAD_MODE=error)."""
 
 
+def refuse_fallback_if_strict(guard: str, phase: str, what: str, exc: Exception) -> None:
+    """Handling a miss failed, and the launch would compile the DSL's way: with ``JIT_AHEAD_MODE=error``
+    after serving started, that compile is refused instead. A failure of jit_ahead's own (or of the data
+    it reads) must never switch the guard off."""
+    if guard == "error" and phase == "serving":
+        raise JitAfterReadyError(
+            f"{what}: a launch after serving started missed, and jit_ahead could not handle the miss "
+            f"({type(exc).__name__}: {exc}); it would compile on the executor (JIT_AHEAD_MODE=error)") from exc
+
+
 class Outcome(enum.Enum):
     READY = "ready"  # a build finished (possibly after a wait): load it
     BUILT_HERE = "built_here"  # this thread built it in place

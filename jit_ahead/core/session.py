@@ -195,7 +195,8 @@ class Session:
         parts = []
         for name, family in self.families.items():
             pool = family.pool
-            helpers = f"{pool.workers} helpers" if pool.workers else "no helpers (misses build in place)"
+            helpers = (f"{pool.workers} helper{'s' if pool.workers != 1 else ''}" if pool.workers
+                       else "no helpers (misses build in place)")
             parts.append(f"{name} with {helpers}")
         return ", ".join(parts) or "no family available"
 

@@ -47,7 +47,11 @@ def _compile(compile_callable, func, *args, **kwargs):
     if handler is None:
         return _original(compile_callable, func, *args, **kwargs)
 
+    compiled = False
+
     def in_place():
+        nonlocal compiled
+        compiled = True
         return _original(compile_callable, func, *args, **kwargs)
 
     try:
@@ -55,6 +59,8 @@ def _compile(compile_callable, func, *args, **kwargs):
     except JitAfterReadyError:  # JIT_AHEAD_MODE=error: the engine asked for this call to fail
         raise
     except Exception:  # never break the caller: the DSL compiles it as it would without jit_ahead
+        if compiled:  # it did, and failed: its error is the caller's, and a second try would fail alike
+            raise
         log.exception("jit_ahead could not handle cute.compile(%s); compiling in place",
                       getattr(func, "__qualname__", func))
         return in_place()

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..core.executor import JitAfterReadyError, Outcome, obtain
+from ..core.executor import JitAfterReadyError, Outcome, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.table import State
 from .build import build_into, cache_root, object_path
@@ -67,6 +67,25 @@ class CuteExecutor:
                                  label=request.label, source=source)
 
     def on_compile(self, compile_callable, func, args, kwargs, in_place):
+        """The hook's handler. If handling the call fails, the DSL compiles it in place (the hook logs
+        why), unless ``refuse_fallback_if_strict`` refuses it."""
+        compiled_in_place = []
+
+        def dsl_compile():
+            compiled_in_place.append(True)
+            return in_place()
+
+        try:
+            return self._on_compile(compile_callable, func, args, kwargs, dsl_compile)
+        except JitAfterReadyError:
+            raise
+        except Exception as exc:
+            if not compiled_in_place:  # the DSL's own compile error is the caller's, as without jit_ahead
+                refuse_fallback_if_strict(self.guard, self.pool.stats.phase,
+                                          str(getattr(func, "__qualname__", func)), exc)
+            raise
+
+    def _on_compile(self, compile_callable, func, args, kwargs, in_place):
         t0 = time.perf_counter()
         try:
             request = request_from_call(compile_callable, func, args, kwargs, self.arch)

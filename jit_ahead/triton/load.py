@@ -13,7 +13,7 @@ import threading
 import time
 from collections import defaultdict
 
-from ..core.executor import JitAfterReadyError, Outcome, obtain
+from ..core.executor import JitAfterReadyError, Outcome, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.priority import Priority
 from ..core.table import State
@@ -73,7 +73,12 @@ class TritonExecutor:
             planned = list(self._planned.get(_kernel(request), ()))
         if not planned:
             return "no variant of this kernel was planned"
-        _, diff = nearest(request.specialization_data, planned)
+        try:
+            best, diff = nearest(request.specialization_data, planned)
+        except (ValueError, TypeError, AttributeError) as exc:  # never lets the guard itself fail
+            return f"what differs is unknown ({type(exc).__name__}: {exc})"
+        if best is None:
+            return "no planned variant of this kernel could be compared"
         return "nearest planned variant differs in " + "; ".join(diff) if diff else "it was planned"
 
     def _guard(self, request) -> None:
@@ -107,6 +112,17 @@ class TritonExecutor:
         return self.pool.table.raise_queued(dict.fromkeys(keys), Priority.URGENT)
 
     def on_miss(self, *, fn, compile: dict) -> None:
+        """The hook's miss handler. If handling the miss fails, the launch compiles the DSL's way (the
+        hook logs why), unless ``refuse_fallback_if_strict`` refuses it."""
+        try:
+            self._on_miss(fn, compile)
+        except JitAfterReadyError:
+            raise
+        except Exception as exc:
+            refuse_fallback_if_strict(self.guard, self.pool.stats.phase, str(getattr(fn, "name", fn)), exc)
+            raise
+
+    def _on_miss(self, fn, compile: dict) -> None:
         t0 = time.perf_counter()
         request = request_from_hook(fn, compile)
         if self.recorder is not None:

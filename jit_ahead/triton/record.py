@@ -16,6 +16,7 @@ import triton
 
 from ..core.records import RecordFormat, is_dotted_name
 from .request import FAMILY, TritonCompileRequest
+from .variant_diff import is_specialization
 
 
 def _cache_invalidating_env() -> list[list[str]]:
@@ -64,9 +65,10 @@ def decode_for(target: tuple[str, int, int], env: list[list[str]]):
         if not (is_dotted_name(module) and is_dotted_name(qualname) and str(name).isidentifier()):
             raise ValueError(f"not a kernel name: {module!r} {qualname!r}")
         spec, digest = entry["spec"], entry["hash"]
-        if not (isinstance(spec, str) and isinstance(digest, str) and len(digest) == 64
-                and all(c in "0123456789abcdef" for c in digest)):
-            raise ValueError("bad specialization or hash")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ValueError("bad hash")
+        if not is_specialization(spec):
+            raise ValueError("the specialization is not Triton's specialization JSON")
         request = TritonCompileRequest(module, qualname, name, spec, tuple(target), env_pairs, digest)
         return RecordedVariant(request, entry.get("benchmark_only") is True)
 

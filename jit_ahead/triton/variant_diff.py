@@ -49,10 +49,24 @@ def differences(variant: str, other: str) -> list[str]:
 
 def nearest(variant: str, candidates: list[str]) -> tuple[str | None, list[str]]:
     """The candidate differing from ``variant`` in the fewest fields, and those differences
-    (planned -> actual)."""
+    (planned -> actual). A candidate that is not a specialization (a damaged record) is passed over;
+    ``variant`` itself must be one (ValueError otherwise)."""
+    fields(variant)  # raises on its own input, not on a candidate's
     best, best_diff = None, None
     for candidate in candidates:
-        diff = differences(candidate, variant)
+        try:
+            diff = differences(candidate, variant)
+        except (ValueError, TypeError, AttributeError):
+            continue
         if best_diff is None or len(diff) < len(best_diff):
             best, best_diff = candidate, diff
     return best, best_diff or []
+
+
+def is_specialization(specialization_data: object) -> bool:
+    """Whether this is Triton's specialization JSON as ``fields`` reads it."""
+    try:
+        fields(specialization_data)  # type: ignore[arg-type]
+        return isinstance(json.loads(specialization_data).get("signature"), dict)  # type: ignore[arg-type]
+    except (ValueError, TypeError, AttributeError):
+        return False
