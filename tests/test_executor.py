@@ -4,6 +4,7 @@ import threading
 import time
 
 import psutil
+import pytest
 import torch
 from triton import knobs
 
@@ -208,3 +209,62 @@ def test_a_hook_installed_before_ours_is_chained_and_its_veto_respected(session_
         hook.install()  # back to ours alone
     assert seen == ["add_kernel", "tuned_copy_kernel"]
     assert session.stats.count("build_finish") == 1  # the vetoed launch caused no build
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from jit_ahead.core.build_lock import variant_lock
+with variant_lock(sys.argv[1], "held by the test", timeout=30) as held:
+    print("HELD" if held else "NOT HELD", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("builder", ["in place", "helper"])
+def test_a_stopped_process_holding_a_variants_build_lock_holds_no_launch_past_the_wait_timeout(
+        session_factory, monkeypatch, caplog, builder):
+    # Another process (a rank's helper) took the variant's build lock and was stopped (SIGSTOP) while
+    # building: the lock is never released. A launch here waited in the lock with no bound.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_WAIT_TIMEOUT_S", "2")
+    with capture() as planned:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=2048)
+    (request,) = planned.requests
+    lock = os.path.join(knobs.cache.dir, "jit_ahead_locks", f"{request.predicted_hash}.lock")
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, lock], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "HELD"
+        holder.send_signal(signal.SIGSTOP)
+        session = session_factory(workers=0 if builder == "in place" else 1)
+        events = []
+        session.stats.subscribe(events.append)
+        if builder == "helper":
+            (ticket,) = session.triton.submit([request], Priority.WARMUP)
+            assert ticket.wait(60) is State.DONE, ticket.result and ticket.result.error
+            assert ticket.result.builder == "helper-0"
+        else:
+            done = threading.Event()
+
+            def launch():
+                k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=2048)
+                done.set()
+
+            threading.Thread(target=launch, daemon=True).start()
+            assert done.wait(60), "the launch is still waiting for the stopped process's lock"
+            assert [e["outcome"] for e in events if e["event"] == "executor_miss"] == ["built_here"]
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    if builder == "in place":  # a helper's line goes to its own stderr
+        (line,) = [r.getMessage() for r in caplog.records if "build lock" in r.getMessage()]
+        assert f"held by pid {holder.pid} (stopped" in line and "after 2s" in line

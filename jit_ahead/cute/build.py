@@ -16,8 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from filelock import FileLock
-
+from ..core.build_lock import variant_lock
 from . import library_cache
 from .arch import ARCH_VAR, arch_of, targeting
 from .library_cache import LibraryCacheRequest
@@ -98,7 +97,7 @@ def build_into(request: CuteCompileRequest, root: Path) -> dict:
                            f"({request.dsl_version[:12]}): its object would not be the one asked for")
     final = object_path(request, root)
     final.parent.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final.parent) + ".lock"):
+    with variant_lock(str(final.parent) + ".lock", request.label):
         if final.exists():
             return {"built": False, "path": str(final)}
         t0 = time.perf_counter()
@@ -106,6 +105,12 @@ def build_into(request: CuteCompileRequest, root: Path) -> dict:
         try:
             compile_and_export(request, scratch)
             os.rename(scratch, final.parent)  # the whole folder appears at once
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if not final.exists():
+                raise
+            # built meanwhile by the process whose lock this build stopped waiting for: theirs stands
+            return {"built": False, "path": str(final)}
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise

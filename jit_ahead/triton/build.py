@@ -3,7 +3,8 @@
 A build rebuilds the request through Triton's own ``compile()`` for the request's explicit target; the
 cache manager publishes it atomically (group file written last). The result's hash must equal the hash
 predicted in the launching process, otherwise the launch would miss it: a mismatch fails the request
-with both hashes in the error. A per-variant file lock makes the ranks of one node build it once.
+with both hashes in the error. A per-variant file lock makes the ranks of one node build it once; waiting for it is bounded
+(``core.build_lock``).
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import sys
 import time
 
 import triton
-from filelock import FileLock
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
+from ..core.build_lock import variant_lock
 from ..core.device_view import DeviceView
 from .request import TritonCompileRequest
 from .spec import compile_inputs, resolve_kernel, spec_json
@@ -37,7 +38,7 @@ def compile_request(request: TritonCompileRequest) -> triton.compiler.CompiledKe
     """Compile (or find on disk) exactly the requested variant; raise HashMismatch if it lands elsewhere."""
     kernel = resolve_kernel(request.module, request.qualname)
     src, options = compile_inputs(kernel, spec_json(request.specialization_data))
-    with FileLock(_lock_path(request.predicted_hash)):
+    with variant_lock(_lock_path(request.predicted_hash), request.label):
         compiled = triton.compile(src, target=GPUTarget(*request.target), options=options)
     if compiled.hash != request.predicted_hash:
         raise HashMismatch(
