@@ -268,3 +268,87 @@ def test_a_stopped_process_holding_a_variants_build_lock_holds_no_launch_past_th
     if builder == "in place":  # a helper's line goes to its own stderr
         (line,) = [r.getMessage() for r in caplog.records if "build lock" in r.getMessage()]
         assert f"held by pid {holder.pid} (stopped" in line and "after 2s" in line
+
+
+def _corrupt(folder, how: str) -> None:
+    import json
+    import os
+
+    cubin, metadata, ptx, group = (os.path.join(folder, n) for n in ("add_kernel.cubin", "add_kernel.json",
+                                                                      "add_kernel.ptx", "__grp__add_kernel.json"))
+    if how == "truncated cubin":
+        data = open(cubin, "rb").read()
+        open(cubin, "wb").write(data[: len(data) // 2])
+    elif how == "empty cubin":
+        open(cubin, "wb").close()
+    elif how == "flipped byte in cubin":
+        data = bytearray(open(cubin, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(cubin, "wb").write(bytes(data))
+    elif how == "not an ELF":
+        data = bytearray(open(cubin, "rb").read())
+        data[:4] = b"\0\0\0\0"
+        open(cubin, "wb").write(bytes(data))
+    elif how == "truncated metadata":
+        text = open(metadata).read()
+        open(metadata, "w").write(text[: len(text) // 2])
+    elif how == "other num_warps":
+        data = json.load(open(metadata))
+        data["num_warps"] = 8 if data["num_warps"] != 8 else 4
+        json.dump(data, open(metadata, "w"))
+    elif how == "damaged group file":
+        open(group, "w").write("{\"child_paths\": ")
+    elif how == "a file of the group deleted":
+        os.remove(ptx)
+    else:
+        raise AssertionError(how)
+
+
+DAMAGE = ["truncated cubin", "empty cubin", "flipped byte in cubin", "not an ELF", "truncated metadata",
+          "other num_warps", "damaged group file", "a file of the group deleted"]
+
+
+def test_damaged_cache_entries_are_removed_and_rebuilt_once_and_never_load(session_factory, caplog):
+    # Built by helpers, then damaged on disk as a full disk, a crash or a stray write would: each must be
+    # found before Triton loads it, removed and built again, never counted as a disk hit.
+    import os
+
+    from jit_ahead.triton import cache_check
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    blocks = [2 ** (4 + i) for i in range(len(DAMAGE))]
+    with capture() as planned:
+        for block in blocks:
+            k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=block)
+    session = session_factory(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    originals = {}
+    for request, how in zip(planned.requests, DAMAGE):
+        folder = cache_check.folder_of(request.predicted_hash)
+        originals[request.predicted_hash] = {n: open(os.path.join(folder, n), "rb").read()
+                                             for n in ("add_kernel.json", "add_kernel.cubin")}
+        _corrupt(folder, how)
+    with CompileEvents() as compiles:
+        for block in blocks:
+            k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=block)  # none raises
+    damaged = [e for e in events if e["event"] == "cache_damaged"]
+    assert sorted(e["key"] for e in damaged) == sorted(originals) and all(e["rebuilt"] for e in damaged)
+    assert not [e for e in events if e["event"] == "executor_miss" and e["outcome"] == "disk"]
+    lines = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(lines) == len(DAMAGE), lines
+    for request in planned.requests:  # rebuilt as it was, and what Triton loaded is that rebuild
+        folder = cache_check.folder_of(request.predicted_hash)
+        assert cache_check.check(request.predicted_hash, request.name, 90)[0] is cache_check.Entry.OK
+        for name, data in originals[request.predicted_hash].items():
+            assert open(os.path.join(folder, name), "rb").read() == data, name
+    assert {h for _, h, _ in compiles.events} == set(originals)
+    # Damaged again after its rebuild: removed once more, and Triton's own compile makes it; no third build.
+    first = planned.requests[0]
+    _corrupt(cache_check.folder_of(first.predicted_hash), "truncated metadata")
+    k.add_kernel.device_caches.clear()
+    k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=blocks[0])
+    again = [e for e in events if e["event"] == "cache_damaged"][len(DAMAGE):]
+    assert [(e["key"], e["rebuilt"]) for e in again] == [(first.predicted_hash, False)]
+    assert any("damaged again after a rebuild" in r.getMessage() for r in caplog.records)

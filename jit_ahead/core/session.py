@@ -206,6 +206,8 @@ class Session:
             self._tally["built in helpers" if record.get("helper") != "executor" else "built in place"] += 1
         elif event == "executor_miss":
             self._tally[f"executor {record.get('outcome')}"] += 1
+        elif event == "cache_damaged":
+            self._tally["damaged cache entries removed"] += 1
         elif event == "replay" and record.get("variants"):
             self._tally["replayed"] += record["variants"]
         elif event == "compile" and not record.get("cache_hit"):

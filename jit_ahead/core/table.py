@@ -206,6 +206,16 @@ class RequestTable:
         with self._cond:
             return self._tickets.get(key)
 
+    def forget_done(self, key: str) -> bool:
+        """Drop a DONE ticket, so that the key can be submitted and built again (its build was found
+        damaged on disk); a ticket in any other state stays. Returns whether one was dropped."""
+        with self._cond:
+            ticket = self._tickets.get(key)
+            if ticket is None or ticket.state is not State.DONE:
+                return False
+            del self._tickets[key]
+            return True
+
     def running(self) -> list[Ticket]:
         with self._cond:
             return [t for t in self._tickets.values() if t.state is State.RUNNING]

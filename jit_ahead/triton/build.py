@@ -9,6 +9,7 @@ with both hashes in the error. A per-variant file lock makes the ranks of one no
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import time
@@ -19,9 +20,13 @@ from triton.backends.compiler import GPUTarget
 
 from ..core.build_lock import variant_lock
 from ..core.device_view import DeviceView
+from . import cache_check
 from .request import TritonCompileRequest
 from .spec import compile_inputs, resolve_kernel, spec_json
 from .standin import install_stand_in
+
+
+log = logging.getLogger("jit_ahead.triton.build")
 
 
 class HashMismatch(RuntimeError):
@@ -40,6 +45,11 @@ def compile_request(request: TritonCompileRequest) -> triton.compiler.CompiledKe
     src, options = compile_inputs(kernel, spec_json(request.specialization_data))
     with variant_lock(_lock_path(request.predicted_hash), request.label):
         compiled = triton.compile(src, target=GPUTarget(*request.target), options=options)
+        if compiled.hash == request.predicted_hash:
+            try:  # what the executor checks the entry against before it loads it (cache_check)
+                cache_check.write_manifest(compiled.hash, request.name)
+            except (OSError, ValueError) as exc:
+                log.warning("%s: no manifest for its cache entry (%s); it is checked without one", request.label, exc)
     if compiled.hash != request.predicted_hash:
         raise HashMismatch(
             f"{request.label}: Triton built hash {compiled.hash} but the launching process predicted "

@@ -19,7 +19,8 @@ from ..core.priority import Priority
 from ..core.table import State
 from .build import compile_request
 from .plan import request_from_hook
-from .spec import on_disk
+from . import cache_check
+from .cache_check import Entry
 from .variant_diff import nearest
 
 log = logging.getLogger("jit_ahead.triton.load")
@@ -45,6 +46,7 @@ class TritonExecutor:
         self._lock = threading.Lock()
         self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
         self._planned_keys: set[str] = set()
+        self._damaged: set[str] = set()  # variants whose cache entry was found damaged (and removed)
         # variant -> the autotuned launches (their variants, in config order) it was planned in
         self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
         self.recorder = None  # called with each variant this process launches for the first time
@@ -80,6 +82,26 @@ class TritonExecutor:
         if best is None:
             return "no planned variant of this kernel could be compared"
         return "nearest planned variant differs in " + "; ".join(diff) if diff else "it was planned"
+
+    def _rebuild_damaged(self, request, damage: str) -> bool:
+        """A damaged entry is removed; the first time, its variant is then built again like any miss
+        (True), after that Triton's own compile rebuilds it (False): a cache that damages what it is
+        given is not worked around forever."""
+        key = request.predicted_hash
+        with self._lock:
+            first = key not in self._damaged
+            self._damaged.add(key)
+        cache_check.remove(key)
+        self.pool.stats.emit("cache_damaged", family="triton", key=key, label=request.label, reason=damage,
+                             rebuilt=first)
+        if first:
+            self.pool.table.forget_done(key)
+            log.warning("%s: its Triton cache entry %s is damaged (%s); removed, building it again",
+                        request.label, key[:16], damage)
+        else:
+            log.error("%s: its Triton cache entry %s is damaged again after a rebuild (%s); removed, Triton "
+                      "compiles it in place", request.label, key[:16], damage)
+        return first
 
     def _guard(self, request) -> None:
         planning = ("planning had finished" if self.planning_finished()
@@ -128,10 +150,13 @@ class TritonExecutor:
         if self.recorder is not None:
             self.recorder(request)
         stats = self.pool.stats
-        if on_disk(request.predicted_hash, request.name):
+        entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
+        if entry is Entry.OK:
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
                        outcome="disk", seconds=time.perf_counter() - t0)
             return
+        if entry is Entry.DAMAGED and not self._rebuild_damaged(request, damage):
+            return  # damaged again after its rebuild: removed, and Triton's own compile makes it anew
         if self.guard != "off" and stats.phase == "serving":
             ticket = self.pool.table.get(request.predicted_hash)
             if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING):

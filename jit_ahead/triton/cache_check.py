@@ -1,0 +1,173 @@
+"""Checking a Triton cache entry before jit_ahead calls it "on disk".
+
+Triton trusts its cache: an entry whose metadata JSON was truncated raises on every launch, a cubin
+cut short fails to load on the GPU, and a metadata file with another ``num_warps`` launches with the
+wrong configuration, all without a word. Whoever builds an entry for jit_ahead (a helper, or the
+executor in place) writes a manifest beside it (``jit_ahead_manifest.json``: size and SHA-256 of each
+file of the group), written last and atomically. The check then needs, for an entry to count:
+
+- its group file parses and names files that all exist;
+- the metadata parses and carries the entry's own hash;
+- with a manifest, every file has its recorded size and digest (without one, an entry Triton wrote by
+  itself, only the checks above and below apply);
+- the binary is a CUDA ELF for the target's compute capability.
+
+A damaged entry is removed, for its variant to be built again (``TritonExecutor``). Cache managers that
+are not Triton's file cache (a remote cache) are not checked: they are trusted as Triton trusts them.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+
+from triton.runtime.cache import FileCacheManager, get_cache_manager
+
+from .spec import cache_file_stem
+
+MANIFEST = "jit_ahead_manifest.json"
+_EM_CUDA = 190
+
+
+class Entry(enum.Enum):
+    MISSING = "missing"
+    OK = "ok"
+    DAMAGED = "damaged"
+
+
+def folder_of(predicted_hash: str) -> str | None:
+    """The entry's folder in Triton's file cache; None for another cache manager."""
+    manager = get_cache_manager(predicted_hash)
+    if type(manager) is not FileCacheManager or not manager.cache_dir:
+        return None
+    return manager.cache_dir
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _group_paths(folder: str, kernel_name: str) -> dict[str, str] | None:
+    """The group's files by name; None if the group file is absent; raises ValueError if it is damaged."""
+    group_file = os.path.join(folder, f"__grp__{cache_file_stem(kernel_name)}.json")
+    try:
+        with open(group_file, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        paths = json.loads(text)["child_paths"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError("its group file does not parse") from None
+    if not isinstance(paths, dict) or not all(isinstance(p, str) for p in paths.values()):
+        raise ValueError("its group file names no files")
+    return paths
+
+
+def cuda_elf_arch(binary: bytes) -> int | None:
+    """The compute capability a CUDA ELF was built for; None if the ELF ABI version is not known here.
+    Raises ValueError when ``binary`` is not a CUDA ELF at all."""
+    if len(binary) < 52 or binary[:4] != b"\x7fELF" or struct.unpack_from("<H", binary, 18)[0] != _EM_CUDA:
+        raise ValueError("its binary is not a CUDA ELF")
+    flags = struct.unpack_from("<I", binary, 48)[0]
+    abi = binary[8]
+    if abi == 7:  # the capability in the low byte
+        return flags & 0xFF
+    if abi == 8:  # one byte up
+        return (flags >> 8) & 0xFF
+    return None
+
+
+def check(predicted_hash: str, kernel_name: str, arch: int | None) -> tuple[Entry, str]:
+    """Whether the entry for ``predicted_hash`` is there and sound, and if damaged, why."""
+    folder = folder_of(predicted_hash)
+    if folder is None:  # not Triton's file cache: its own manager decides what a hit is
+        group = get_cache_manager(predicted_hash).get_group(f"{cache_file_stem(kernel_name)}.json")
+        return (Entry.OK if group else Entry.MISSING), ""
+    try:
+        paths = _group_paths(folder, kernel_name)
+        if paths is None:
+            return Entry.MISSING, ""
+        missing = [name for name, path in paths.items() if not os.path.isfile(path)]
+        if missing:
+            raise ValueError(f"files of its group are missing: {', '.join(sorted(missing))}")
+        metadata_name = f"{cache_file_stem(kernel_name)}.json"
+        if metadata_name not in paths:
+            raise ValueError("its group names no metadata")
+        try:
+            with open(paths[metadata_name], encoding="utf-8") as f:
+                metadata = json.load(f)
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError("its metadata does not parse") from None
+        if not isinstance(metadata, dict) or metadata.get("hash") != predicted_hash:
+            raise ValueError("its metadata names another entry")
+        _check_manifest(folder, paths)
+        binaries = [p for name, p in paths.items() if name.endswith(".cubin")]
+        for path in binaries:
+            with open(path, "rb") as f:
+                built_for = cuda_elf_arch(f.read())
+            if arch is not None and built_for is not None and built_for != arch:
+                raise ValueError(f"its binary is for sm_{built_for}, not sm_{arch}")
+    except OSError as exc:
+        return Entry.DAMAGED, f"cannot be read ({exc})"
+    except ValueError as exc:
+        return Entry.DAMAGED, str(exc)
+    return Entry.OK, ""
+
+
+def _check_manifest(folder: str, paths: dict[str, str]) -> None:
+    try:
+        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        return
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("its manifest does not parse") from None
+    if not isinstance(manifest, dict) or set(manifest) != set(paths):
+        raise ValueError("its files are not the ones its manifest records")
+    for name, path in paths.items():
+        size, digest = manifest[name]
+        if os.path.getsize(path) != size:
+            raise ValueError(f"{name} has {os.path.getsize(path)} bytes, not the {size} it was written with")
+        if _digest(path) != digest:
+            raise ValueError(f"{name} is not the file it was written as (its SHA-256 differs)")
+
+
+def write_manifest(predicted_hash: str, kernel_name: str) -> bool:
+    """Record the entry's files as they are now (just built or just loaded by ``compile()``); an entry
+    with a manifest already keeps it. Returns whether one was written."""
+    folder = folder_of(predicted_hash)
+    if folder is None or os.path.exists(os.path.join(folder, MANIFEST)):
+        return False
+    paths = _group_paths(folder, kernel_name)
+    if not paths:
+        return False
+    manifest = {name: [os.path.getsize(path), _digest(path)] for name, path in paths.items()}
+    fd, aside = tempfile.mkstemp(prefix=f".{MANIFEST}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, sort_keys=True)
+        os.replace(aside, os.path.join(folder, MANIFEST))
+    except BaseException:
+        if os.path.exists(aside):
+            os.unlink(aside)
+        raise
+    return True
+
+
+def remove(predicted_hash: str) -> None:
+    """Remove the entry (moved aside first, so no reader sees half of it), for it to be built again."""
+    folder = folder_of(predicted_hash)
+    if folder is None or not os.path.isdir(folder):
+        return
+    aside = f"{folder}.damaged.{os.getpid()}"
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        return  # another process moved it first
+    shutil.rmtree(aside, ignore_errors=True)
