@@ -7,7 +7,8 @@ imported pages copy-on-write. The server's control socket carries framed message
 new helper's two pipe ends (SCM_RIGHTS), and Exited notices for the helpers this process reaps.
 
 The fork server keeps no threads of its own, so forking is safe; a helper starts with the same nice 19,
-hidden GPU and device view, and runs the same loop as a spawned one (``worker.serve``).
+hidden GPU and device view, and runs the same loop as a spawned one (``worker.serve``). Helpers end with
+the pool's process, not with the fork server.
 """
 from __future__ import annotations
 
@@ -96,14 +97,15 @@ def _reap(control: _Control) -> None:
 
 
 def _run_helper(control: _Control, exits: _ChildExits, inbox_fd: int, outbox_fd: int, builder,
-                prepared: dict) -> int:
-    """In the forked child: become an ordinary helper on the two pipes the pool made for it."""
+                prepared: dict, pool_pid: int) -> int:
+    """In the forked child: become an ordinary helper on the two pipes the pool made for it. It lives as
+    long as the pool's process, not as long as the fork server: a fork server that dies (killed, out of
+    memory) must not take builds in progress with it, which would charge their variants with a crash."""
     t0 = time.perf_counter()
     control.close()  # the fork server's channel is not the helper's business
     exits.close_in_child()
-    processes.die_with_parent()  # the fork server is single-threaded: its one thread forked us
     worker.set_up_logging(force=True)
-    worker.exit_with_parent(os.getppid())
+    worker.exit_with_parent(pool_pid)
     inbox = os.fdopen(inbox_fd, "rb", buffering=0)
     outbox = os.fdopen(outbox_fd, "wb", buffering=0)
     write_message(outbox, Ready(os.getpid(), time.perf_counter() - t0,
@@ -120,14 +122,14 @@ def os_threads() -> list[str]:
         return []
 
 
-def _fork(control: _Control, exits: _ChildExits, builder, prepared: dict) -> None:
+def _fork(control: _Control, exits: _ChildExits, builder, prepared: dict, pool_pid: int) -> None:
     inbox_fd, outbox_fd = control.receive_fds(2)
     prepared = {**prepared, "forkserver_threads": os_threads()}
     pid = processes.fork_quietly()  # the threads a library's import started are reported in Ready instead
     if pid == 0:
         code = 1
         try:
-            code = _run_helper(control, exits, inbox_fd, outbox_fd, builder, prepared)
+            code = _run_helper(control, exits, inbox_fd, outbox_fd, builder, prepared, pool_pid)
         except BaseException:  # noqa: BLE001 - a helper must never return into the fork server's loop
             traceback.print_exc()
         finally:
@@ -176,7 +178,7 @@ def serve(fd: int, forked_from_server: bool = False) -> int:
         if isinstance(message, Preload):
             control.send(worker.preload(message.modules))
         elif isinstance(message, Fork):
-            _fork(control, exits, builder, prepared)
+            _fork(control, exits, builder, prepared, parent)
         else:
             log.error("ignoring unexpected message %r", type(message).__name__)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import select
 import sys
 import threading
 import time
@@ -27,12 +28,27 @@ def lower_priority() -> None:
     processes.lower_priority(19)
 
 
-def exit_with_parent(parent: int) -> None:
-    """Exit if the pool's process goes away while a long build keeps us from reading the pipe."""
+def exit_with_parent(pool_pid: int) -> None:
+    """Exit as soon as the pool's process ``pool_pid`` is gone, even while a long build keeps us from
+    reading the pipe. A forked helper watches the pool's process, not its own parent (the fork server):
+    a fork server that dies leaves its helpers building, and their results still reach the pool."""
     def watch() -> None:
+        try:
+            pidfd = os.pidfd_open(pool_pid)
+        except ProcessLookupError:
+            os._exit(0)
+        except (AttributeError, OSError):  # no pidfd (old kernel): look once a second
+            pidfd = None
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the process has exited
+            os._exit(0)
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent:
+            try:
+                os.kill(pool_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # the pid is someone else's now: ours is gone
                 os._exit(0)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()

@@ -359,6 +359,9 @@ def test_by_default_the_fork_server_is_a_fork_of_this_process_and_a_fresh_one_on
     assert preloaded["seconds"] < 0.5
     # once serving started, a new fork server is a fresh interpreter: no fork of the serving process
     pool.retire_when_idle()
+    deadline = time.monotonic() + 30  # its helper exits once idle (it would outlive a dead fork server)
+    while pool.live_helpers() and time.monotonic() < deadline:
+        time.sleep(0.05)
     psutil.Process(server["pid"]).kill()
     assert pool.submit(second.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
     later = [e for e in pool.events if e["event"] == "forkserver_ready"][1:]
@@ -417,3 +420,78 @@ def test_an_explicit_wait_timeout_no_wait_can_take_raises():
         with pytest.raises(ValueError, match="wait_timeout"):
             knobs.wait_timeout_s(value)
     assert knobs.wait_timeout_s(2) == 2.0
+
+
+def slow_requests(steps_list):
+    x = torch.empty(1024, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for steps in steps_list:
+            k.slow_kernel.warmup(x, STEPS=steps, BLOCK=1024, grid=(1,))
+    return planned.requests
+
+
+def test_a_fork_server_killed_while_its_helper_builds_charges_nothing_to_the_build(triton_cache, pools):
+    # Its helpers died with it (parent-death signal): the healthy variant being built was charged with
+    # a crash ("killed by SIGKILL"), and a second kill quarantined it.
+    pool = make_pool(triton_cache, workers=1, backoff_initial=0.05)
+    pools.append(pool)
+    (slow, later) = slow_requests([14, 15])
+    ticket = pool.submit(slow.build_request(), Priority.BACKGROUND)
+    pool.start()
+    deadline = time.monotonic() + 120
+    while not any(e["event"] == "build_start" for e in pool.events):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (server,) = [e for e in pool.events if e["event"] == "forkserver_ready"]
+    psutil.Process(server["pid"]).kill()
+    assert ticket.wait(240) is State.DONE and ticket.crashes == 0
+    assert ticket.result.builder == "helper-0"
+    assert not [e for e in pool.events if e["event"] == "helper_crash"]
+    # the helper goes on building for the pool; a new fork server comes when a new helper is needed
+    assert pool.submit(later.build_request(), Priority.BACKGROUND).wait(240) is State.DONE
+
+
+def test_a_module_that_kills_the_fork_server_is_the_only_one_not_preloaded(triton_cache, pools, tmp_path,
+                                                                            monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_TEST_CRASH", "1")
+    probe, marker = import_probe(tmp_path, monkeypatch)
+    pool = make_pool(triton_cache, workers=1, backoff_initial=0.05, start_mode="fork")
+    pools.append(pool)
+    pool.preload([probe, "tests.kernels.crasher", "json"])
+    pool.start()
+    (good,) = add_requests([128])
+    assert pool.submit(good.build_request(), Priority.BACKGROUND).wait(120) is State.DONE
+    died = [r.getMessage() for r in caplog.records if "died while preloading" in r.getMessage()]
+    assert len(died) == 1 and "tests.kernels.crasher" in died[0] and probe not in died[0], died
+    servers = [e["pid"] for e in pool.events if e["event"] == "forkserver_ready"]
+    assert len(servers) == 2
+    # both fork servers imported the probe: the second one was not told to leave it out
+    assert sorted(marker.read_text().split()) == sorted(map(str, servers))
+
+
+def test_requests_that_crash_helpers_hold_up_other_builds_only_briefly(triton_cache, pools, monkeypatch):
+    # Each crash doubled the slot's backoff (to 30 s): after a few crashing requests a healthy build
+    # queued behind them waited for minutes. A crash charged to a request now restarts after the initial
+    # backoff; the growing backoff is for helpers that die starting up.
+    monkeypatch.setenv("JIT_AHEAD_TEST_CRASH", "1")
+    from .kernels import crasher
+
+    x = torch.empty(1024, device="meta", dtype=torch.float32)
+    with capture() as planned:
+        for block in (64, 128, 256, 512):
+            crasher.crash_kernel[(1,)](x, BLOCK=block)
+    pool = make_pool(triton_cache, workers=1, start_mode="fork")  # the default backoff: 0.5 s, up to 30 s
+    pools.append(pool)
+    tickets = [pool.submit(r.build_request(), Priority.URGENT) for r in planned.requests]
+    (good,) = add_requests([64])
+    good_ticket = pool.submit(good.build_request(), Priority.BACKGROUND)
+    t0 = time.monotonic()
+    pool.start()
+    assert good_ticket.wait(240) is State.DONE
+    waited = time.monotonic() - t0
+    assert all(t.state is State.QUARANTINED for t in tickets)
+    crashes = sum(e["event"] == "helper_crash" for e in pool.events)
+    assert crashes == 8
+    # eight restarts at the initial backoff and the builds themselves; doubling would be 0.5+1+...+30 s
+    assert waited < 30.0, waited

@@ -66,7 +66,9 @@ class Stint(enum.Enum):
     WORKED = "worked"  # it built, then had nothing left: the slot waits for work, then starts a fresh one
     IDLE = "idle"  # nothing was queued for it (or serving needs fewer helpers): no backoff either
     REFRESH = "refresh"  # a fresh fork that has the newly preloaded modules takes its place at once
-    DIED = "died"  # it died (building, importing or idle): the next start comes after a backoff
+    DIED = "died"  # it died starting, importing or idle: the next start comes after a growing backoff
+    CRASHED = "crashed"  # it died building: charged to that request (quarantine bounds the repeats), so
+    # the next helper starts after the initial backoff only: other requests are not held up for long
 
 
 # A helper with nothing to take for this long exits (it holds host memory); planning queues its finds at
@@ -409,13 +411,17 @@ class HelperPool:
                         self._helpers.pop(slot, None)
                         self._last_busy = time.monotonic()
                     helper.stop(5.0)
-                if outcome is not Stint.DIED and self._retire.is_set():
+                if outcome not in (Stint.DIED, Stint.CRASHED) and self._retire.is_set():
                     self.stats.emit("helper_retired", family=self.family.name, helper=helper.name)
             self.table.notify()  # launches waiting on queued work re-decide: a helper went away
             if outcome is Stint.DIED:
                 if self._closed.wait(backoff):
                     break
                 backoff = min(backoff * 2, self._backoff_max)
+            elif outcome is Stint.CRASHED:
+                backoff = self._backoff_initial
+                if self._closed.wait(backoff):
+                    break
             elif outcome is not Stint.IDLE:
                 backoff = self._backoff_initial
 
@@ -514,18 +520,20 @@ class HelperPool:
             new = tuple(m for m in self._preload[self._forkserver_preloaded:upto] if m not in self._bad_preloads)
         if new:
             t0 = time.perf_counter()
-            try:
-                reply = server.preload(new)
-            except ForkServerGone as exc:
-                # It died importing one of these: never preload them again (a build that needs one imports
-                # it inside the job, where a crash is charged to that request); start a new fork server.
-                with self._lock:
-                    self._bad_preloads.update(new)
-                log.warning("%s: the fork server died while preloading %s (%s); those modules will not be "
-                            "preloaded", self.family.name, ", ".join(new), exc)
-                self._forkserver_died(server)
-                return self._forkserver_with_preloads()
-            self._report_preload("forkserver", new, reply, t0, event="forkserver_preloaded")
+            failed: dict[str, str] = {}
+            for module in new:  # one at a time: a module whose import kills it is the only one blamed
+                try:
+                    failed.update(server.preload((module,)).failed)
+                except ForkServerGone as exc:
+                    # It died importing this one: never preload it again (a build that needs it imports it
+                    # inside the job, where a crash is charged to that request); start a new fork server.
+                    with self._lock:
+                        self._bad_preloads.add(module)
+                    log.warning("%s: the fork server died while preloading %s (%s); it will not be preloaded",
+                                self.family.name, module, exc)
+                    self._forkserver_died(server)
+                    return self._forkserver_with_preloads()
+            self._report_preload("forkserver", new, PreloadDone(failed), t0, event="forkserver_preloaded")
         self._forkserver_preloaded = upto
         return server
 
@@ -620,24 +628,28 @@ class HelperPool:
         if helper.forked:
             self._refresh_forkserver()
             return Stint.REFRESH
-        reply = None
         t0 = time.perf_counter()
-        if helper.send(Preload(new)):
-            try:
-                reply = helper.receive(self._build_timeout)
-            except (TimeoutError, ProtocolError):
-                helper.proc.kill()
-        if isinstance(reply, PreloadDone):
-            self._report_preload(helper.name, new, reply, t0)
-            helper.modules.update(set(new) - set(reply.failed))
-            return None
-        # The helper died importing one of these: never preload them again; a build that needs one
-        # imports it inside the job, where a crash is charged to that request (and can quarantine it).
-        with self._lock:
-            self._bad_preloads.update(new)
-        log.warning("%s %s (pid %d) died while preloading %s (%s); those modules will not be preloaded",
-                    self.family.name, helper.name, helper.pid, ", ".join(new), helper.describe_exit())
-        return Stint.DIED
+        failed: dict[str, str] = {}
+        for module in new:  # one at a time: a module whose import kills the helper is the only one blamed
+            reply = None
+            if helper.send(Preload((module,))):
+                try:
+                    reply = helper.receive(self._build_timeout)
+                except (TimeoutError, ProtocolError):
+                    helper.proc.kill()
+            if not isinstance(reply, PreloadDone):
+                # It died importing this one: never preload it again; a build that needs it imports it
+                # inside the job, where a crash is charged to that request (and can quarantine it).
+                with self._lock:
+                    self._bad_preloads.add(module)
+                log.warning("%s %s (pid %d) died while preloading %s (%s); it will not be preloaded",
+                            self.family.name, helper.name, helper.pid, module, helper.describe_exit())
+                return Stint.DIED
+            failed.update(reply.failed)
+            if module not in reply.failed:
+                helper.modules.add(module)
+        self._report_preload(helper.name, new, PreloadDone(failed), t0)
+        return None
 
     def _report_preload(self, who: str, modules: tuple[str, ...], reply: PreloadDone, t0: float,
                         event: str = "helper_preloaded") -> None:
@@ -673,20 +685,22 @@ class HelperPool:
                 self.preload(ticket.request.modules)
                 self._refresh_forkserver()
                 return Stint.REFRESH
-            if not self._run_job(helper, ticket):
-                return Stint.DIED
+            gone = self._run_job(helper, ticket)
+            if gone is not None:
+                return gone
             built = True
         return Stint.WORKED if built else Stint.IDLE
 
-    def _run_job(self, helper: _Helper, ticket: Ticket) -> bool:
-        """Build one ticket in ``helper``; False if the helper is gone afterwards."""
+    def _run_job(self, helper: _Helper, ticket: Ticket) -> Stint | None:
+        """Build one ticket in ``helper``; None if the helper is still there afterwards, else how it
+        went (CRASHED: it died building, charged to the request)."""
         request = ticket.request
         job_id = next(self._job_ids)
         self.stats.emit("build_start", family=self.family.name, key=request.key, label=request.label,
                         helper=helper.name, priority=ticket.priority.name)
         if not helper.send(Job(job_id, request)):
             self.table.release(ticket, crashed=False)
-            return False
+            return Stint.DIED
         t0 = time.perf_counter()
         try:
             reply = helper.receive(self._build_timeout)
@@ -701,7 +715,7 @@ class HelperPool:
             reply = None
         if self._closed.is_set() and not isinstance(reply, JobDone):
             self.table.release(ticket, crashed=False)  # stopped by close(), not a crash
-            return False
+            return Stint.DIED
         if not isinstance(reply, JobDone) or reply.job_id != job_id:
             # The helper died mid-build (or sent garbage): release the claim at once so a waiting
             # launch builds in place now, not after its timeout.
@@ -714,7 +728,7 @@ class HelperPool:
                             seconds=time.perf_counter() - t0)
             if reply is not None:
                 helper.proc.kill()
-            return False
+            return Stint.CRASHED
         result = dataclasses.replace(reply.result, builder=helper.name)
         if result.ok:
             self.helper_seconds.add(result.seconds)
@@ -724,7 +738,7 @@ class HelperPool:
         self.table.finish(ticket, result)
         self.stats.emit("build_finish", family=self.family.name, key=request.key, label=request.label,
                         helper=helper.name, ok=result.ok, error=result.error, seconds=result.seconds)
-        return True
+        return None
 
     # -- in-place builds on the executor --------------------------------------------------------------------
     def record_local_build(self, seconds: float) -> None:
