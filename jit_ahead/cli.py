@@ -58,6 +58,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from jit_ahead.core.priority import Priority
     from jit_ahead.core.session import Session
+    from jit_ahead.progress import BuildProgress, LibraryNotes
     from jit_ahead.triton.standin import ensure_driver, real_driver_available
 
     # first: the kernel libraries must see the target's GPU when they are imported (a real GPU wins)
@@ -72,23 +73,41 @@ def _demo(args: argparse.Namespace) -> int:
           f"limits: {limits.max_num_tokens} tokens per forward, batch {limits.max_batch_size}, "
           f"sequence {limits.max_seq_len}, CUDA graphs {list(limits.cuda_graph_batch_sizes)}")
     session = Session(triton={"workers": args.workers} if args.workers is not None else {}).start()
+    notes = LibraryNotes()
     try:
-        t0 = time.perf_counter()
-        runs = {name: session.plan_model(_make_model(name, "meta"), limits) for name in names}
-        session.wait_ready(priority=Priority.BACKGROUND)
-        wall = time.perf_counter() - t0
-        status = _report_builds(runs, session.triton.pool.workers, wall)
-        print(f"cache: {os.path.abspath(knobs.cache.dir)}")
-        if on_gpu and status == 0:
-            status = _serve_on_gpu(session, names, limits, args.requests)
+        with notes:
+            t0 = time.perf_counter()
+            with BuildProgress(session.triton.pool.table) as progress:
+                runs = {name: session.plan_model(_make_model(name, "meta"), limits) for name in names}
+                notes.cover_new_handlers()  # the model libraries are imported now
+                for name, run in runs.items():  # each as soon as it is known
+                    run.wait()
+                    progress.write(_planned_line(name, run))
+                session.wait_ready(priority=Priority.BACKGROUND)
+            wall = time.perf_counter() - t0
+            status = _report_builds(runs, session.triton.pool.workers, wall)
+            print(f"cache: {os.path.abspath(knobs.cache.dir)}")
+            if on_gpu and status == 0:
+                status = _serve_on_gpu(session, names, limits, args.requests)
     finally:
         session.close()
+        lines = notes.report()
+        if lines:
+            print(f"{len(lines)} notes from the kernel and model libraries (about them, not about this setup):",
+                  file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
     return status
 
 
-def _report_builds(runs: dict, workers: int, wall: float) -> int:
+def _planned_line(name: str, run) -> str:
     from jit_ahead.core.priority import Priority
 
+    return (f"{name}: planned {sum(run.variants.values())} variants in {run.seconds:.1f}s "
+            f"(WARMUP {run.variants.get(Priority.WARMUP, 0)})" + "".join(f"; {e}" for e in run.errors))
+
+
+def _report_builds(runs: dict, workers: int, wall: float) -> int:
     tickets = [t for run in runs.values() for t in run.tickets]
     results = [t.result for t in tickets if t.result is not None]
     failed = [(t, t.result) for t in tickets if t.result is not None and not t.result.ok]
@@ -102,9 +121,6 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
         name = f"{payload.module}.{payload.qualname}"
         per_kernel[name] = per_kernel.get(name, 0) + 1
     planned = sum(sum(run.variants.values()) for run in runs.values())
-    for name, run in runs.items():
-        print(f"{name}: planned {sum(run.variants.values())} variants in {run.seconds:.1f}s "
-              f"(WARMUP {run.variants.get(Priority.WARMUP, 0)})" + "".join(f"; {e}" for e in run.errors))
     print(f"{'kernel':<96} variants  planned by")
     for name in sorted(per_kernel):
         print(f"{name:<96} {per_kernel[name]:>8}  {','.join(sorted(by.get(name.rsplit('.', 1)[-1], ()))) or '-'}")

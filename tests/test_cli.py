@@ -74,3 +74,41 @@ def test_demo_help_shows_the_defaults():
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
     assert "(default: cuda:90)" in text and "(default: 256)" in text and "(default: 4)" in text
+
+
+def _requests(n):
+    from jit_ahead.core.requests import BuildRequest
+
+    return [BuildRequest(family="test", key=f"{i:064x}", payload=None, label=f"variant {i}", modules=())
+            for i in range(n)]
+
+
+def test_build_progress_prints_counts_and_an_eta_in_plain_lines_and_as_a_bar():
+    import io
+    import time
+
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.core.requests import BuildResult
+    from jit_ahead.core.table import RequestTable
+    from jit_ahead.progress import BuildProgress
+
+    for bar in (False, True):
+        table = RequestTable()
+        tickets = [table.submit(r, Priority.BACKGROUND) for r in _requests(4)]
+        stream = io.StringIO()
+        with BuildProgress(table, stream=stream, every=0.05, bar=bar) as progress:
+            first = table.take_next("helper-0", 1.0)
+            table.finish(first, BuildResult(first.key, True, 0.1, "helper-0"))
+            table.take_next("helper-0", 1.0)  # building
+            time.sleep(0.3)
+            assert progress.status().startswith("built 1 of 4, 2 queued, 1 building, 0 failed")
+            assert "ETA" in progress.status()
+            for ticket in tickets:
+                if ticket.state.value != "done":
+                    table.claim(ticket, "helper-0")
+                    table.finish(ticket, BuildResult(ticket.key, True, 0.1, "helper-0"))
+        text = stream.getvalue()
+        if bar:
+            assert "4/4" in text, text
+        else:
+            assert "jit_ahead: built 1 of 4, 2 queued, 1 building, 0 failed" in text, text

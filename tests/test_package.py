@@ -22,16 +22,38 @@ def test_helpers_install_under_their_own_name():
 
 
 def test_demo_plans_a_liger_model_and_builds_everything_in_helpers(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "jit_ahead.cli", "demo", "--workers", "1", "--cache-dir",
-                          str(tmp_path), "--models", "qwen3-liger", "--max-num-tokens", "24", "--max-batch-size",
-                          "2", "--max-seq-len", "24"], capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    planned = re.search(r"qwen3-liger: planned (\d+) variants", out.stdout)
-    assert planned and int(planned.group(1)) > 0, out.stdout
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "jit_ahead.cli", "demo", "--workers", "1", "--cache-dir",
+                             str(tmp_path), "--models", "qwen3-liger", "--max-num-tokens", "24", "--max-batch-size",
+                             "2", "--max-seq-len", "24"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    stderr = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
+    reader.start()
+    arrived = []  # (seconds since start, line): what a person watching sees, and when
+    t0 = time.monotonic()
+    for line in proc.stdout:
+        arrived.append((time.monotonic() - t0, line.rstrip("\n")))
+    assert proc.wait(600) == 0, "".join(stderr)[-3000:]
+    reader.join(60)
+    out = "\n".join(line for _, line in arrived)
+    planned = re.search(r"qwen3-liger: planned (\d+) variants", out)
+    assert planned and int(planned.group(1)) > 0, out
     count = int(planned.group(1))
-    assert f"built {count} of {count} variants" in out.stdout and f"cache: {tmp_path}" in out.stdout
-    assert "liger_kernel.ops.rope._triton_rope" in out.stdout
+    assert f"built {count} of {count} variants" in out and f"cache: {tmp_path}" in out
+    assert "liger_kernel.ops.rope._triton_rope" in out
     assert len(list(tmp_path.glob("*/__grp__*.json"))) == count
+    # the planning result is shown when planning ends, not after the builds
+    (when_planned,) = [t for t, line in arrived if line.startswith("qwen3-liger: planned")]
+    (when_built,) = [t for t, line in arrived if line.startswith("built ")]
+    assert when_built - when_planned > 1.0, arrived
+    # the libraries' own warnings come after jit_ahead's output, one line each, marked as theirs
+    lines = "".join(stderr).splitlines()
+    assert not any("Warning:" in line for line in lines if not line.startswith("  ")), lines
+    notes = [i for i, line in enumerate(lines) if "notes from the kernel and model libraries" in line]
+    assert len(notes) <= 1 and all(line.startswith("  ") for line in lines[notes[0] + 1:] if notes), lines
 
 
 def test_demo_checks_libraries_without_importing_them():
