@@ -44,6 +44,17 @@ def test_set_starts_a_session_once_triton_is_imported():
     assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0") == [True, "startup", ["triton"]]
 
 
+def test_a_process_that_only_imports_triton_starts_no_helper_and_imports_no_torch(tmp_path):
+    # It never plans or misses: the session must cost it nothing. It read the GPU (importing torch, about
+    # a second) at start, before anything needed it.
+    code = ("import json, sys, time, triton, psutil; time.sleep(1.0); "
+            "print(json.dumps(['torch' in sys.modules, [p.pid for p in psutil.Process().children(recursive=True)]]))")
+    stats = tmp_path / "stats.jsonl"
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="2", JIT_AHEAD_STATS=str(stats)) == [False, []]
+    events = [json.loads(line)["event"] for line in stats.read_text().splitlines()]
+    assert not {"helper_ready", "forkserver_ready", "build_start"} & set(events), events
+
+
 def test_serving_starts_by_time_unless_the_engine_says_so():
     wait = ("import time, triton, jit_ahead, json; time.sleep(1.5); "
             "print(json.dumps(jit_ahead.current().phase))")

@@ -11,6 +11,7 @@ module is imported: torch's device queries answer with the recorded values. Fami
 from __future__ import annotations
 
 import logging
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -118,3 +119,19 @@ def current() -> DeviceView:
     """The view helpers must see: a pinned one, else the live GPU's, else the installed one, else the sm_90
     default."""
     return _pinned or DeviceView.capture() or _installed or DeviceView.h200()
+
+
+class ViewOnDemand:
+    """``current()``, read the first time something needs it (a helper's start, planning, records), not
+    when the session starts: a ``JIT_AHEAD=1`` process that never plans or builds imports no torch and
+    never asks the GPU for jit_ahead's sake."""
+
+    def __init__(self) -> None:
+        self._view: DeviceView | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> DeviceView:
+        with self._lock:
+            if self._view is None:
+                self._view = current()
+            return self._view

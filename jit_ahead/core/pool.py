@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .device_view import DeviceView
+from .device_view import DeviceView, ViewOnDemand
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import helper_environment, start_helper_process
 from .knobs import checked_process_count, checked_seconds
@@ -160,7 +160,8 @@ class HelperPool:
     """
 
     def __init__(self, family: FamilySpec, *, workers: int, stats: Stats,
-                 env_overrides: dict[str, str] | None = None, device_view: DeviceView | None = None,
+                 env_overrides: dict[str, str] | None = None,
+                 device_view: DeviceView | ViewOnDemand | None = None,
                  python: str = sys.executable,
                  build_timeout: float = 600.0, start_timeout: float = 120.0, quarantine_after: int = 2,
                  backoff_initial: float = 0.5, backoff_max: float = 30.0, max_start_failures: int = 5,
@@ -213,7 +214,7 @@ class HelperPool:
 
     @classmethod
     def from_knobs(cls, family: FamilySpec, stats: Stats, *, workers: int | None, env_overrides: dict[str, str],
-                   device_view: DeviceView) -> "HelperPool":
+                   device_view: DeviceView | ViewOnDemand) -> "HelperPool":
         """A family's pool as the environment configures it (helper counts, build timeout, start mode),
         with the modules of the family's preload knob queued for helpers."""
         from . import knobs
@@ -489,7 +490,8 @@ class HelperPool:
         return helper
 
     def _configure_message(self) -> Configure:
-        return Configure(sys_path=tuple(sys.path), builder=self.family.builder, device_view=self._device_view)
+        view = self._device_view.get() if isinstance(self._device_view, ViewOnDemand) else self._device_view
+        return Configure(sys_path=tuple(sys.path), builder=self.family.builder, device_view=view)
 
     # -- the fork server ------------------------------------------------------------------------------------
     def _forkserver_with_preloads(self) -> ForkServer:

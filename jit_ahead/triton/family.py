@@ -42,8 +42,8 @@ class TritonFamily:
                  preload: tuple[str, ...] | None = None) -> None:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
-        self.device_view = device_view.current()
-        self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
+        self._view = device_view.ViewOnDemand()  # read when first needed: starting costs no torch import
+        self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self._view,
                                           env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
         self.pool.preload(preload or ())
         self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s(wait_timeout),
@@ -58,6 +58,10 @@ class TritonFamily:
         self._unrecorded: list[tuple[str, object]] | None = None
         self._replay_thread: threading.Thread | None = None
         self._plan_decoder = None
+
+    @property
+    def device_view(self) -> device_view.DeviceView:
+        return self._view.get()
 
     def start(self) -> None:
         self.pool.start()
