@@ -8,15 +8,18 @@ import logging
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from . import device_view, knobs
 from .executor import build_queued_here
 from .limits import EngineLimits
-from .plan_cache import PlanStore, plan_folder
-from .planning import PlanningRun
 from .priority import Priority
 from .stats import Stats
 from .stats_log import open_stats_log
+
+if TYPE_CHECKING:  # imported when a model is first planned: a process that never plans does not pay for them
+    from .plan_cache import PlanStore
+    from .planning import PlanningRun
 
 log = logging.getLogger("jit_ahead.session")
 
@@ -109,6 +112,8 @@ class Session:
             for family in self.families.values():
                 family.enter_planner()
 
+        from .planning import PlanningRun
+
         run = PlanningRun(self.families, self.stats, model, limits, providers, planners=knobs.planner_count(),
                           serving_planners=knobs.serving_planner_count(), enter_planner=enter_planner, store=self._plan_store(), view=view,
                           lock_timeout=knobs.wait_timeout_s()).start()
@@ -117,6 +122,8 @@ class Session:
 
     def _plan_store(self) -> PlanStore | None:
         if self._plans is None:
+            from .plan_cache import PlanStore, plan_folder
+
             folder = plan_folder()
             self._plans = PlanStore(folder) if folder is not None else False
         return self._plans or None
