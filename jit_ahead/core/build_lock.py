@@ -16,7 +16,6 @@ import os
 from collections.abc import Iterator
 
 import psutil
-from filelock import FileLock, Timeout
 
 from . import knobs
 
@@ -51,6 +50,8 @@ def holder(lock_path: str) -> str:
 def variant_lock(lock_path: str, label: str, timeout: float | None = None) -> Iterator[bool]:
     """Hold the build lock at ``lock_path`` for the block; yields whether it is held. After ``timeout``
     (default ``default_timeout()``) it yields False: the block builds without it."""
+    from filelock import FileLock, Timeout  # here: a process that never builds does not import it
+
     timeout = default_timeout() if timeout is None else timeout
     lock = FileLock(lock_path, timeout=timeout)
     try:
