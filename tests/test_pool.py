@@ -495,3 +495,26 @@ def test_requests_that_crash_helpers_hold_up_other_builds_only_briefly(triton_ca
     assert crashes == 8
     # eight restarts at the initial backoff and the builds themselves; doubling would be 0.5+1+...+30 s
     assert waited < 30.0, waited
+
+
+def test_closing_starts_no_helper_and_leaves_none(triton_cache, pools):
+    # Closing with work still queued: the slots must not start helpers for it (a short process paid for
+    # helpers started while it closed).
+    pool = make_pool(triton_cache, workers=2)
+    pools.append(pool)
+    requests = add_requests([16, 32, 64, 128, 256, 512, 1024, 2048])
+    for r in requests:
+        pool.submit(r.build_request(), Priority.BACKGROUND)
+    pool.start()
+    deadline = time.monotonic() + 120
+    while not any(e["event"] == "build_start" for e in pool.events):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    closing = len(pool.events)
+    pids = [*pool.helper_pids().values()]
+    pool.close(grace=1.0)
+    after = [e["event"] for e in pool.events[closing:]]
+    assert not {"helper_ready", "forkserver_ready"} & set(after), after
+    assert pool.table.counts()["queued"] > 0  # there was work left that a new helper could have taken
+    assert pool.live_helpers() == 0
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)

@@ -477,6 +477,9 @@ class HelperPool:
                 ready = helper.receive(timeout)
             except (TimeoutError, ProtocolError, EOFError):
                 ready = None
+        if self._closed.is_set():  # closing began while it started: it takes no work, and says nothing
+            helper.stop(0.0)
+            return None
         if not isinstance(ready, Ready):
             reason = "no handshake" if ready is None else f"unexpected {type(ready).__name__}"
             log.error("%s %s (pid %d) failed to start: %s, %s", self.family.name, helper.name, helper.pid, reason,
