@@ -130,6 +130,8 @@ def _fork(control: _Control, exits: _ChildExits, builder, prepared: dict, pool_p
         code = 1
         try:
             code = _run_helper(control, exits, inbox_fd, outbox_fd, builder, prepared, pool_pid)
+        except SystemExit as exc:  # a start-up failure that explains itself in one line
+            print(exc, file=sys.stderr)
         except BaseException:  # noqa: BLE001 - a helper must never return into the fork server's loop
             traceback.print_exc()
         finally:

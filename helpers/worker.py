@@ -51,7 +51,10 @@ def exit_with_parent(pool_pid: int) -> None:
             except PermissionError:  # the pid is someone else's now: ours is gone
                 os._exit(0)
 
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    try:
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    except RuntimeError as exc:  # at a thread or process limit: this helper could outlive its server
+        raise SystemExit(f"jit_ahead helper {os.getpid()}: cannot start its parent watch ({exc}); exiting") from None
 
 
 def preload(modules) -> PreloadDone:

@@ -518,3 +518,74 @@ def test_closing_starts_no_helper_and_leaves_none(triton_cache, pools):
     assert pool.table.counts()["queued"] > 0  # there was work left that a new helper could have taken
     assert pool.live_helpers() == 0
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+PID_LIMITED = """
+import json, logging, os, sys, time
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s: %(message)s")
+cgroup = sys.argv[1]
+with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+from tests.test_pool import add_requests, make_pool
+from jit_ahead.core.priority import Priority
+
+cache = sys.argv[2]
+requests = add_requests([16, 32, 64])
+pool = make_pool(cache, workers=2, backoff_initial=0.05)
+pool.start()
+time.sleep(0.5)
+with open(os.path.join(cgroup, "pids.current")) as f:
+    current = f.read().strip()
+with open(os.path.join(cgroup, "pids.max"), "w") as f:  # not one more thread or process
+    f.write(current)
+tickets = [pool.submit(r.build_request(), Priority.BACKGROUND) for r in requests]
+t0 = time.monotonic()
+while not pool.builds_nothing() and time.monotonic() - t0 < 60:
+    time.sleep(0.1)
+print("RESULT", json.dumps({"builds_nothing": pool.builds_nothing(), "seconds": time.monotonic() - t0}), flush=True)
+with open(os.path.join(cgroup, "pids.max"), "w") as f:
+    f.write("max")
+pool.close()
+"""
+
+
+def _pids_cgroup(tmp_path):
+    root = "/sys/fs/cgroup/pids"
+    if not os.access(root, os.W_OK):
+        pytest.skip("no writable cgroup v1 pids controller on this machine")
+    path = os.path.join(root, f"jit_ahead_test_{os.getpid()}_{tmp_path.name}"[:100])
+    try:
+        os.mkdir(path)
+    except OSError as exc:
+        pytest.skip(f"cannot make a pids cgroup here ({exc})")
+    return path
+
+
+def test_at_a_process_limit_the_pool_gives_up_in_a_few_lines_and_misses_build_in_place(triton_cache, tmp_path):
+    # Under a pid limit, each slot's thread died on "can't start new thread" with a traceback, and the
+    # pool never said it would build nothing: launches and wait_ready waited for helpers that could not
+    # come. Now every failed start is one line, the slots give up, and builds_nothing() turns True.
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    cgroup = _pids_cgroup(tmp_path)
+    try:
+        done = subprocess.run([sys.executable, "-c", PID_LIMITED, cgroup, str(triton_cache)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            left = f.read().split()
+        for pid in left:  # back to the root group, so the cgroup can go
+            with open("/sys/fs/cgroup/pids/cgroup.procs", "w") as f:
+                f.write(pid)
+        os.rmdir(cgroup)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert result["builds_nothing"] is True and result["seconds"] < 30, result
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("jit_ahead")]
+    assert 2 <= len(ours) <= 20 and sum("starts failed in a row" in line for line in ours) == 2, ours

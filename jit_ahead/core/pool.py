@@ -361,6 +361,9 @@ class HelperPool:
     def _slot_main(self, slot: int) -> None:
         try:
             self._run_slot(slot)
+        except Exception as exc:  # a bug guard: the pool runs on with one slot fewer, never a dead thread
+            log.error("%s helper slot %d stopped (%s: %s); running with one helper fewer, misses build in place",
+                      self.family.name, slot, type(exc).__name__, exc)
         finally:
             with self._lock:
                 self._slots_running -= 1

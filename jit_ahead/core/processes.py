@@ -8,6 +8,7 @@ compiler it is waiting for).
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import logging
 import os
@@ -136,8 +137,12 @@ class Spawner:
         """``start(*args, **kwargs)`` on the spawner thread; its result, or its exception raised here."""
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # at a thread or process limit: as a failed fork would say
+                    raise OSError(errno.EAGAIN, f"cannot start the {self._name} thread ({exc})") from exc
+                self._thread = thread
         done = threading.Event()
         box: dict = {}
         self._requests.put((start, args, kwargs, done, box))
