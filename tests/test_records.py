@@ -237,3 +237,36 @@ def test_variant_and_autotune_records_share_a_folder_without_reading_each_other(
     assert RecordFolder(tmp_path, tuning_format(TARGET, "NVIDIA H100")).read() == []  # timings of another GPU
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "device: 'NVIDIA H200' here 'NVIDIA H100'" in messages[0]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KiB tmpfs, filled up: every write in it fails with ENOSPC."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        (mount / "records").mkdir(mode=0o700)
+        with open(mount / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_records_on_a_full_disk_are_one_line_and_recording_stops(full_disk, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    folder = RecordFolder(full_disk / "records", record_format(TARGET), rank="rank0")
+    a, b, c = planned_requests()
+    assert folder.add([a]) == 0 and folder.add([b, c]) == 0  # nothing raises
+    folder.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "recording stops" in lines[0] and "No space left" in lines[0], lines
