@@ -171,7 +171,7 @@ def serve(fd: int, forked_from_server: bool = False) -> int:
         exits.drain()
         _reap(control)
         if os.getppid() != parent:
-            return 0  # the server is gone; our helpers see us go and follow
+            return 0  # the server is gone; our helpers watch it too and end with it
         if control.sock not in readable:
             continue
         message = control.receive()

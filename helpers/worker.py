@@ -40,8 +40,13 @@ def exit_with_parent(pool_pid: int) -> None:
         except (AttributeError, OSError):  # no pidfd (old kernel): look once a second
             pidfd = None
         if pidfd is not None:
-            select.select([pidfd], [], [])  # readable once the process has exited
-            os._exit(0)
+            try:
+                watcher = select.poll()  # not select(): the descriptor may be above 1023
+                watcher.register(pidfd, select.POLLIN)
+                watcher.poll()  # readable once the process has exited
+                os._exit(0)
+            except (OSError, ValueError):
+                pass  # look once a second instead
         while True:
             time.sleep(1.0)
             try:

@@ -249,7 +249,8 @@ def _report(args: argparse.Namespace) -> int:
         print(f"jit-ahead report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # names the file it is about: the input log, or the --html page
-        what = "write" if args.html and exc.filename == args.html else "read"
+        html = args.html and os.path.abspath(args.html)
+        what = "write" if html and exc.filename and os.path.abspath(exc.filename) == html else "read"
         print(f"jit-ahead report: cannot {what} {exc.filename or args.log}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if args.html:

@@ -352,3 +352,36 @@ def test_damaged_cache_entries_are_removed_and_rebuilt_once_and_never_load(sessi
     again = [e for e in events if e["event"] == "cache_damaged"][len(DAMAGE):]
     assert [(e["key"], e["rebuilt"]) for e in again] == [(first.predicted_hash, False)]
     assert any("damaged again after a rebuild" in r.getMessage() for r in caplog.records)
+
+
+def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_it(session_factory, monkeypatch,
+                                                                                    caplog):
+    # Found damaged at a launch after serving started, it was reported (and, with JIT_AHEAD_MODE=error,
+    # refused) as "not planned"; planning the same variants again took the damaged entry for a built one.
+    import os
+
+    from jit_ahead.core.executor import JitAfterReadyError
+    from jit_ahead.triton import cache_check
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_MODE", "error")
+    with capture() as planned:
+        for block in (64, 128):
+            k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=block)
+    first, second = planned.requests
+    session = session_factory(workers=1)
+    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    session.mark_serving()
+    for request in planned.requests:
+        _corrupt(cache_check.folder_of(request.predicted_hash), "truncated metadata")
+    try:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)  # planned: rebuilt, not refused
+    except JitAfterReadyError as exc:
+        raise AssertionError(f"a damaged planned entry was refused as unplanned: {exc}") from None
+    assert not [r for r in caplog.records if "was not planned" in r.getMessage()]
+    # planning the same variants again finds the other one damaged, and helpers build it again
+    (ticket,) = session.triton.submit([second], Priority.WARMUP)
+    assert ticket.wait(120) is State.DONE
+    assert cache_check.check(second.predicted_hash, second.name, 90)[0] is cache_check.Entry.OK
+    assert any("queued to be built again" in r.getMessage() for r in caplog.records)
+    assert os.path.exists(cache_check.folder_of(first.predicted_hash))

@@ -83,3 +83,21 @@ def test_wait_idle_reports_whether_everything_settled():
     assert not table.wait_idle(0.01)
     table.finish(table.take_next("h", 0), BuildResult("a", False, 0.0, "h", "boom"))
     assert table.wait_idle(0.01) and ticket.state is State.FAILED
+
+
+def test_a_forgotten_ticket_leaves_no_entry_that_breaks_the_queue():
+    # A claimed or raised ticket leaves a stale heap entry; once forget_done dropped the ticket, looking
+    # that entry up raised KeyError in every slot polling the queue.
+    table = RequestTable()
+    claimed, change, ok = table.submit_claimed(req("a"), Priority.URGENT, "executor")
+    assert ok and change == "new"
+    table.finish(claimed, BuildResult("a", True, 0.1, "executor"))
+    raised = table.submit(req("b"), Priority.BACKGROUND)
+    table.submit(req("b"), Priority.URGENT)  # raised: its BACKGROUND entry is stale
+    assert table.take_next("helper-0", 0.0) is raised
+    table.finish(raised, BuildResult("b", True, 0.1, "helper-0"))
+    assert table.forget_done("a") and table.forget_done("b") and not table.forget_done("missing")
+    assert table.has_queued() is False
+    assert table.take_next("helper-0", 0.0) is None
+    again = table.submit(req("a"), Priority.WARMUP)  # built again, as a damaged entry is
+    assert again is not claimed and table.take_next("helper-0", 0.0) is again

@@ -131,7 +131,11 @@ class ViewOnDemand:
         self._lock = threading.Lock()
 
     def get(self) -> DeviceView:
-        with self._lock:
-            if self._view is None:
-                self._view = current()
-            return self._view
+        view = self._view
+        if view is None:  # read outside the lock: a planner forked meanwhile must not inherit it held
+            view = current()
+            with self._lock:
+                if self._view is None:
+                    self._view = view
+                view = self._view
+        return view

@@ -26,7 +26,7 @@ import traceback
 import psutil
 
 from .helper_env import start_helper_process
-from .processes import ForkedChild, Spawner, detach_from_server, end_tree, fork_quietly
+from .processes import ForkedChild, Spawner, detach_from_server, fork_quietly
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
 
@@ -209,7 +209,9 @@ class ForkServer:
             try:
                 self._proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                end_tree(self._proc.pid)  # with any helper of its still running
+                # the server only: its helpers outlive it (the pool stops those it knows itself, and one
+                # whose Forked reply was lost ends when its pipes close or the pool's process goes)
+                self._proc.kill()
                 self._proc.wait()
         self._gone.set()
         for part in (self._outbox, self._sock):

@@ -30,7 +30,7 @@ from .protocol import (Configure, Job, JobDone, Preload, PreloadDone, ProtocolEr
                        write_message)
 from .requests import BuildRequest
 from .stats import Stats
-from .table import RequestTable, Ticket
+from .table import RequestTable, State, Ticket
 
 log = logging.getLogger("jit_ahead.pool")
 
@@ -442,6 +442,11 @@ class HelperPool:
 
     def _spawn_helper(self, name: str) -> _Helper | None:
         t0 = time.perf_counter()
+        try:
+            config = self._configure_message()  # before the process exists: nothing to clean up if it fails
+        except OSError as exc:
+            log.error("%s %s could not be started (%s); retrying with backoff", self.family.name, name, exc)
+            return None
         to_parent_r, to_parent_w = os.pipe()
         to_helper_r, to_helper_w = os.pipe()
         try:
@@ -456,7 +461,7 @@ class HelperPool:
         os.close(to_parent_w)
         helper = _Helper(name, proc, os.fdopen(to_helper_w, "wb", buffering=0),
                          os.fdopen(to_parent_r, "rb", buffering=0))
-        if not helper.send(self._configure_message()):
+        if not helper.send(config):
             return self._handshake(helper, t0, None)
         return self._handshake(helper, t0, self._start_timeout)
 
@@ -496,7 +501,11 @@ class HelperPool:
         return helper
 
     def _configure_message(self) -> Configure:
-        view = self._device_view.get() if isinstance(self._device_view, ViewOnDemand) else self._device_view
+        """Raises OSError when the GPU's view cannot be read (it is read the first time it is needed)."""
+        try:
+            view = self._device_view.get() if isinstance(self._device_view, ViewOnDemand) else self._device_view
+        except Exception as exc:  # a GPU in an error state, a broken driver: a start failure, retried
+            raise OSError(f"cannot read the GPU's properties for helpers ({type(exc).__name__}: {exc})") from exc
         return Configure(sys_path=tuple(sys.path), builder=self.family.builder, device_view=view)
 
     # -- the fork server ------------------------------------------------------------------------------------
@@ -549,12 +558,16 @@ class HelperPool:
         """A fork of this process while serving has not started (a fork then copies the serving
         process's page tables with its GIL held), else, or if that fails, a fresh interpreter. Called
         with _forkserver_lock held; raises ForkServerGone."""
+        try:
+            config = self._configure_message()
+        except OSError as exc:
+            raise ForkServerGone(f"could not be started ({exc})") from exc
         from_server = self._fork_from_server and not self._retire.is_set()
         server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
                             build_timeout=self._build_timeout, spawner=self._spawner, from_server=from_server)
         t0 = time.perf_counter()
         try:
-            return server, server.start(self._configure_message()), t0
+            return server, server.start(config), t0
         except ForkServerGone as exc:
             if not from_server:
                 raise
@@ -564,7 +577,7 @@ class HelperPool:
         server = ForkServer(python=self._python, env=self._env, start_timeout=self._start_timeout,
                             build_timeout=self._build_timeout, spawner=self._spawner)
         t0 = time.perf_counter()
-        return server, server.start(self._configure_message()), t0
+        return server, server.start(config), t0
 
     def _forkserver_died(self, server: ForkServer) -> None:
         """Count a fork server's death and forget it (its helpers run on; new ones come from a new fork
@@ -693,7 +706,12 @@ class HelperPool:
                 self.preload(ticket.request.modules)
                 self._refresh_forkserver()
                 return Stint.REFRESH
-            gone = self._run_job(helper, ticket)
+            try:
+                gone = self._run_job(helper, ticket)
+            except Exception:  # a bug guard: the ticket must not stay RUNNING for a slot that is gone
+                if ticket.state is State.RUNNING and ticket.owner == helper.name:
+                    self.table.release(ticket, crashed=False)
+                raise
             if gone is not None:
                 return gone
             built = True

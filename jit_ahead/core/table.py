@@ -131,8 +131,8 @@ class RequestTable:
             while not self._closed:
                 while self._heap and (up_to is None or self._heap[0][0] <= int(up_to)):
                     prio, _, key = heapq.heappop(self._heap)
-                    ticket = self._tickets[key]
-                    if ticket.state is State.QUEUED and int(ticket.priority) == prio:
+                    ticket = self._tickets.get(key)  # None: forgotten (forget_done) since it was queued
+                    if ticket is not None and ticket.state is State.QUEUED and int(ticket.priority) == prio:
                         self._mark_running(ticket, owner)
                         return ticket
                 remaining = deadline - time.monotonic()
@@ -243,8 +243,8 @@ class RequestTable:
         # the heap may hold stale entries (raised or claimed tickets); drop them from the top
         while self._heap:
             prio, _, key = self._heap[0]
-            ticket = self._tickets[key]
-            if ticket.state is State.QUEUED and int(ticket.priority) == prio:
+            ticket = self._tickets.get(key)
+            if ticket is not None and ticket.state is State.QUEUED and int(ticket.priority) == prio:
                 return True
             heapq.heappop(self._heap)
         return False

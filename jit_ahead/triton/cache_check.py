@@ -24,6 +24,7 @@ import os
 import shutil
 import struct
 import tempfile
+import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
@@ -85,10 +86,13 @@ def cuda_elf_arch(binary: bytes) -> int | None:
 
 def check(predicted_hash: str, kernel_name: str, arch: int | None) -> tuple[Entry, str]:
     """Whether the entry for ``predicted_hash`` is there and sound, and if damaged, why."""
-    folder = folder_of(predicted_hash)
-    if folder is None:  # not Triton's file cache: its own manager decides what a hit is
-        group = get_cache_manager(predicted_hash).get_group(f"{cache_file_stem(kernel_name)}.json")
-        return (Entry.OK if group else Entry.MISSING), ""
+    try:
+        folder = folder_of(predicted_hash)
+        if folder is None:  # not Triton's file cache: its own manager decides what a hit is
+            group = get_cache_manager(predicted_hash).get_group(f"{cache_file_stem(kernel_name)}.json")
+            return (Entry.OK if group else Entry.MISSING), ""
+    except (OSError, ValueError, AttributeError):  # the cache cannot be reached: a miss, as Triton sees it
+        return Entry.MISSING, ""
     try:
         paths = _group_paths(folder, kernel_name)
         if paths is None:
@@ -115,8 +119,8 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None) -> tuple[Entr
                 raise ValueError(f"its binary is for sm_{built_for}, not sm_{arch}")
     except OSError as exc:
         return Entry.DAMAGED, f"cannot be read ({exc})"
-    except ValueError as exc:
-        return Entry.DAMAGED, str(exc)
+    except (ValueError, TypeError, KeyError) as exc:  # TypeError, KeyError: a manifest of another shape
+        return Entry.DAMAGED, str(exc) or type(exc).__name__
     return Entry.OK, ""
 
 
@@ -165,9 +169,11 @@ def remove(predicted_hash: str) -> None:
     folder = folder_of(predicted_hash)
     if folder is None or not os.path.isdir(folder):
         return
-    aside = f"{folder}.damaged.{os.getpid()}"
+    aside = f"{folder}.damaged.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     try:
         os.rename(folder, aside)
-    except OSError:
+    except FileNotFoundError:
         return  # another process moved it first
+    except OSError:  # cannot move it aside: remove it where it is
+        aside = folder
     shutil.rmtree(aside, ignore_errors=True)

@@ -18,7 +18,7 @@ from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
-from . import autotune, hook
+from . import autotune, cache_check, hook
 from .load import TritonExecutor
 from .plan import Capture, capture, reset_after_fork
 from .record import RecordedVariant, record_format
@@ -26,7 +26,7 @@ from .record import decode_for as decode_record_for
 from .record import encode as encode_record
 from .record import header as record_header
 from .request import FAMILY, TritonCompileRequest
-from .spec import not_importable, on_disk
+from .spec import not_importable
 from .standin import install_stand_in
 
 log = logging.getLogger("jit_ahead.triton")
@@ -118,9 +118,20 @@ class TritonFamily:
             requests = requests.requests
         requests = list(requests)
         self.executor.note_planned(requests, source)
-        missing = [r for r in requests if not on_disk(r.predicted_hash, r.name)]
+        missing = [r for r in requests if not self._on_disk_and_sound(r)]
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
+
+    def _on_disk_and_sound(self, request: TritonCompileRequest) -> bool:
+        """On disk and passing the entry checks; a damaged entry is removed here, for planning to build it
+        again ahead instead of the launch that finds it."""
+        entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
+        if entry is cache_check.Entry.DAMAGED:
+            log.warning("%s: its Triton cache entry %s is damaged (%s); removed, queued to be built again",
+                        request.label, request.predicted_hash[:16], damage)
+            cache_check.remove(request.predicted_hash)
+            self.pool.table.forget_done(request.predicted_hash)
+        return entry is cache_check.Entry.OK
 
     # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
     def _open_records_and_replay(self) -> None:

@@ -156,8 +156,13 @@ class TritonExecutor:
                        outcome="disk", seconds=time.perf_counter() - t0)
             return
         if entry is Entry.DAMAGED and not self._rebuild_damaged(request, damage):
-            return  # damaged again after its rebuild: removed, and Triton's own compile makes it anew
-        if self.guard != "off" and stats.phase == "serving":
+            # damaged again after its rebuild: removed, and Triton's own compile makes it anew
+            stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
+                       kernel=_kernel(request), outcome="damaged", seconds=time.perf_counter() - t0)
+            return
+        # A damaged entry was built before (by plan or by a launch): its rebuild is no planning gap for
+        # the guard to report; the damage has its own line.
+        if entry is not Entry.DAMAGED and self.guard != "off" and stats.phase == "serving":
             ticket = self.pool.table.get(request.predicted_hash)
             if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING):
                 # planned, not built yet: the launch waits for it (raised to URGENT) or builds it here
