@@ -73,6 +73,8 @@ def _demo(args: argparse.Namespace) -> int:
           f"limits: {limits.max_num_tokens} tokens per forward, batch {limits.max_batch_size}, "
           f"sequence {limits.max_seq_len}, CUDA graphs {list(limits.cuda_graph_batch_sizes)}")
     session = Session(triton={"workers": args.workers} if args.workers is not None else {}).start()
+    if importlib.util.find_spec("transformers") is not None:  # its logger's own handler, to hold back too
+        importlib.import_module("transformers.utils.logging")
     notes = LibraryNotes()
     try:
         with notes:
@@ -126,7 +128,8 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
         print(f"{name:<96} {per_kernel[name]:>8}  {','.join(sorted(by.get(name.rsplit('.', 1)[-1], ()))) or '-'}")
     serial = sum(r.seconds for r in results)
     already = planned - len(tickets)
-    where = f"with {workers} helpers (nice 19, no GPU)" if workers else "in this process (--workers 0)"
+    where = (f"with {workers} helper{'s' if workers != 1 else ''} (nice 19, no GPU)" if workers
+             else "in this process (--workers 0)")
     print(f"built {len(results) - len(failed)} of {len(tickets)} variants in {wall:.1f}s wall {where}; "
           f"serial compilation would have cost {serial:.1f}s"
           + (f"; {already} were already on disk" if already else ""))
