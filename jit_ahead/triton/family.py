@@ -118,20 +118,17 @@ class TritonFamily:
             requests = requests.requests
         requests = list(requests)
         self.executor.note_planned(requests, source)
-        missing = [r for r in requests if not self._on_disk_and_sound(r)]
+        missing = [r for r in requests if self._needs_build(r)]
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
-    def _on_disk_and_sound(self, request: TritonCompileRequest) -> bool:
-        """On disk and passing the entry checks; a damaged entry is removed here, for planning to build it
-        again ahead instead of the launch that finds it."""
+    def _needs_build(self, request: TritonCompileRequest) -> bool:
+        """Not on disk, or damaged there: a damaged entry is removed by the executor's rule (rebuilt once),
+        so that planning builds it again ahead instead of the launch that finds it."""
         entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
         if entry is cache_check.Entry.DAMAGED:
-            log.warning("%s: its Triton cache entry %s is damaged (%s); removed, queued to be built again",
-                        request.label, request.predicted_hash[:16], damage)
-            cache_check.remove(request.predicted_hash)
-            self.pool.table.forget_done(request.predicted_hash)
-        return entry is cache_check.Entry.OK
+            return self.executor.remove_damaged(request, damage, then="queued to be built again")
+        return entry is cache_check.Entry.MISSING
 
     # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
     def _open_records_and_replay(self) -> None:

@@ -83,10 +83,10 @@ class TritonExecutor:
             return "no planned variant of this kernel could be compared"
         return "nearest planned variant differs in " + "; ".join(diff) if diff else "it was planned"
 
-    def _rebuild_damaged(self, request, damage: str) -> bool:
-        """A damaged entry is removed; the first time, its variant is then built again like any miss
-        (True), after that Triton's own compile rebuilds it (False): a cache that damages what it is
-        given is not worked around forever."""
+    def remove_damaged(self, request, damage: str, then: str = "building it again") -> bool:
+        """A damaged entry (found at a launch, or by planning: ``then`` says what follows) is removed; the
+        first time, its variant is then built again like any miss (True), after that Triton's own compile
+        rebuilds it (False): a cache that damages what it is given is not worked around forever."""
         key = request.predicted_hash
         with self._lock:
             first = key not in self._damaged
@@ -96,8 +96,8 @@ class TritonExecutor:
                              rebuilt=first)
         if first:
             self.pool.table.forget_done(key)
-            log.warning("%s: its Triton cache entry %s is damaged (%s); removed, building it again",
-                        request.label, key[:16], damage)
+            log.warning("%s: its Triton cache entry %s is damaged (%s); removed, %s",
+                        request.label, key[:16], damage, then)
         else:
             log.error("%s: its Triton cache entry %s is damaged again after a rebuild (%s); removed, Triton "
                       "compiles it in place", request.label, key[:16], damage)
@@ -155,7 +155,7 @@ class TritonExecutor:
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
                        outcome="disk", seconds=time.perf_counter() - t0)
             return
-        if entry is Entry.DAMAGED and not self._rebuild_damaged(request, damage):
+        if entry is Entry.DAMAGED and not self.remove_damaged(request, damage):
             # damaged again after its rebuild: removed, and Triton's own compile makes it anew
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
                        kernel=_kernel(request), outcome="damaged", seconds=time.perf_counter() - t0)
