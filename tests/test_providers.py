@@ -153,6 +153,66 @@ def test_fla_gated_deltanet_plan_covers_random_prefill_and_decode():
     assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(model, b, s, 2, device="meta")) == []
 
 
+def _module_sites(model, by_rows=None):
+    import dataclasses
+
+    from jit_ahead.providers.fla import ModuleSite
+
+    provider = FlaGatedDeltaNetProvider()
+    sites = [s for s in provider.find_layers(model) if isinstance(s, ModuleSite)]
+    assert sites
+    return provider, sites if by_rows is None else [dataclasses.replace(s, by_rows=by_rows) for s in sites]
+
+
+def _planned_hashes(provider, sites, limits):
+    with capture() as plan:
+        launches = list(provider.launches(sites, limits))
+        for launch in launches:
+            launch.run()
+    return {r.predicted_hash for r in plan.requests}, len(launches)
+
+
+def test_fla_row_wise_modules_planned_per_token_total_launch_what_every_shape_launches():
+    # the model's norms and gated MLP, planned once per batch x tokens total, against the same modules
+    # run at every (batch, tokens) shape, past batch 16 and past 2048 rows (NB of fla's layer norm)
+    model = demo_models.fla_gated_deltanet()
+    limits = EngineLimits(max_num_tokens=4608, max_batch_size=24, max_seq_len=2304, cuda_graph_batch_sizes=(1, 24))
+    provider, sites = _module_sites(model)
+    assert all(site.by_rows for site in sites), [site.label for site in sites]
+    by_total, launches = _planned_hashes(provider, sites, limits)
+    every_shape, reference_launches = _planned_hashes(provider, _module_sites(model, by_rows=False)[1], limits)
+    assert by_total == every_shape
+    assert launches * 2 < reference_launches
+
+
+class BatchReadingRMSNorm(torch.nn.Module):
+    """A norm in fla's norm folder whose launch reads the batch: planned at every shape."""
+
+    __module__ = "fla.modules.norm.batch_reading"
+
+    def __init__(self, hidden):
+        super().__init__()
+        from fla.modules import RMSNorm
+
+        self.norm = RMSNorm(hidden)
+
+    def forward(self, x):
+        # a batch of more than one sequence is normed sequence by sequence beyond the first
+        return self.norm(x) if x.shape[0] == 1 else torch.cat([self.norm(x[:1]), self.norm(x[1:])], 0)
+
+
+def test_an_fla_module_whose_launches_read_the_batch_is_planned_at_every_shape():
+    model = demo_models.fla_gated_deltanet()
+    model.model.norm = BatchReadingRMSNorm(model.config.hidden_size).to(torch.bfloat16)
+    provider, sites = _module_sites(model)
+    odd = [s for s in sites if s.label == "model.norm"]
+    assert odd and not odd[0].by_rows
+    assert all(s.by_rows for s in sites if s.label != "model.norm")
+    planned = planned_keys(provider, model, LIMITS)
+    shapes = serving_shapes(LIMITS, 6, seed=11)
+    assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(model, b, s, 2, device="meta")) == []
+
+
 def padded_batches(limits, count, seed):
     """Random padded prompt batches within the limits, as ``generate`` pads them: (batch, padded length,
     each prompt's length), one prompt at the padded length; short and long, one-token batches among them."""

@@ -25,7 +25,10 @@ fla ``Cache`` as transformers generation passes it:
   state a one-token prefill leaves, all BACKGROUND. Off by default: it doubles the layer's planning
   forwards, and a server that starts every request from an empty cache never launches them.
 The model's other fla modules (RMSNorm with its residual, GatedMLP...) are probed once in a meta forward
-of the model and called with the same arguments at every prefill shape.
+of the model and called with the same arguments at every prefill shape; those of fla's row-wise folders
+(norms, MLPs, activations), which view their input as (rows, hidden), at every batch x tokens total
+instead (one sequence of that many tokens), once a check at a few shapes confirms that a batch launches
+what one sequence of its total does.
 Not planned: explicit ``cu_seqlens`` of dtype int64 (the mask path makes int32 offsets; packed int32
 ``cu_seqlens`` launch as a padded batch of the same total does, except more than 64 one-token sequences
 packed together).
@@ -47,7 +50,7 @@ from ..core.limits import EngineLimits
 from ..core.planners import in_planner
 from ..core.priority import Priority
 from ..core.processes import fork_safe_lock
-from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape
+from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_token_counts
 from .meta import MetaCaller, ProbedCall, layer_settings, probe, with_host_indices_if_needed
 
 log = logging.getLogger("jit_ahead.providers.fla")
@@ -71,6 +74,7 @@ class ModuleSite:
     call: ProbedCall
     label: str
     members: tuple[int, ...] = ()  # ``id`` of every module whose every probed call this site plans
+    by_rows: bool = False  # its launches depend on the token total alone (``launches_follow_rows``)
 
 
 def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
@@ -78,6 +82,19 @@ def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
     for batch in range(1, limits.max_batch_size + 1):
         for seq in range(1, max(1, min(limits.max_seq_len, limits.max_num_tokens // batch)) + 1):
             yield batch, seq
+
+
+def token_totals(limits: EngineLimits) -> list[int]:
+    """Every batch x tokens product some prefill shape within the limits has, ascending."""
+    return sorted({batch * seq for batch, seq in prefill_shapes(limits)})
+
+
+# fla modules that view their input as (rows, hidden): norms, gated MLPs and their activations
+ROW_WISE_MODULES = ("fla.modules.norm", "fla.modules.mlp", "fla.modules.activations")
+# (batch, tokens) shapes at which a row-wise module's launches are checked against one sequence of the
+# same total: batches of each integer class (2, 3, 16, 17), token counts on both sides of fla's
+# recurrent/chunk switch, and a total past 2048 rows (block counts such as cdiv(rows, 2048))
+ROW_CHECK_SHAPES = ((2, 40), (3, 11), (16, 1), (17, 70), (5, 129), (3, 1400))
 
 
 # GatedDeltaNet.forward (eval) runs fused_recurrent for a padded length up to this, chunk beyond
@@ -173,7 +190,8 @@ class FlaGatedDeltaNetProvider(Provider):
                             members.setdefault(key, []).append(id(module))
             for key, site in distinct.items():
                 if isinstance(site, ModuleSite):
-                    distinct[key] = dataclasses.replace(site, members=tuple(members.get(key, ())))
+                    distinct[key] = dataclasses.replace(site, members=tuple(members.get(key, ())),
+                                                        by_rows=launches_follow_rows(site))
         return list(distinct.values())
 
     def claims(self, model, sites: list) -> Claims:
@@ -188,7 +206,13 @@ class FlaGatedDeltaNetProvider(Provider):
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         graphs = set(limits.cuda_graph_batch_sizes)
+        warm = warmup_token_counts(limits)
         for site in layers:
+            if isinstance(site, ModuleSite) and site.by_rows:
+                for total in token_totals(limits):
+                    yield PlannedLaunch(Priority.WARMUP if total in warm else Priority.BACKGROUND,
+                                        lambda t=total, site=site: _module(site, 1, t), f"{site.label} tokens={total}")
+                continue
             for batch, seq in prefill_shapes(limits):
                 first = is_warmup_shape(limits, batch, seq)
                 priority = Priority.WARMUP if first else Priority.BACKGROUND
@@ -245,6 +269,34 @@ def _outer_fla_modules(model, layer_class) -> list:
             found.append((name, module))
             covered.append(name)
     return found
+
+
+def launches_follow_rows(site: ModuleSite) -> bool:
+    """Whether the module's launches at (batch, tokens) are those of one sequence of batch x tokens
+    tokens, so that it is planned once per token total instead of once per shape. Only for fla's
+    row-wise modules (``ROW_WISE_MODULES``: their launchers view the input as (rows, hidden), so a batch
+    can enter a launch only through the row count), and checked at ``ROW_CHECK_SHAPES``, so that a module
+    of those folders that reads the batch anyway (another fla version) keeps the per-shape plan."""
+    from ..triton import capture
+
+    module = type(site.caller.replica).__module__
+    if not any(module == folder or module.startswith(folder + ".") for folder in ROW_WISE_MODULES):
+        return False
+    try:
+        for batch, seq in ROW_CHECK_SHAPES:
+            launched = []
+            for shape in ((batch, seq), (1, batch * seq)):
+                with capture() as plan:
+                    _module(site, *shape)
+                launched.append({r.predicted_hash for r in plan.requests})
+            if launched[0] != launched[1]:
+                log.info("fla: %s launches differently for a batch of %d x %d tokens than for one sequence of %d; "
+                         "planned at every shape", site.label, batch, seq, batch * seq)
+                return False
+    except Exception as exc:  # the per-shape plan reports the failure where it happens
+        log.info("fla: row check of %s failed (%s: %s); planned at every shape", site.label, type(exc).__name__, exc)
+        return False
+    return True
 
 
 @torch.no_grad()

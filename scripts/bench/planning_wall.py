@@ -6,10 +6,12 @@ Each run is a fresh process: build the model on meta, start a session without he
 before the first launch ran (plan key, probe forward, listing the launches), the shortest and longest
 planner, the CPU seconds of the server process and of its planners, launches and variants. Then one more process with the
 plan that run saved: the time ``plan_model`` takes to read it (no probe, no planner). Runs of the planner
-counts are interleaved when repeated.
+counts are interleaved when repeated. With ``--baseline DIR`` (the root of another checkout, e.g.
+``git archive`` of an older commit unpacked there), every run is made with that checkout's jit_ahead too,
+the two alternating, so that a change is measured as a ratio on one machine in one run.
 
     python scripts/bench/planning_wall.py --out results/<date>-planning-wall [--models gated-deltanet,qwen3-liger]
-        [--limits 8192,16,4096] [--planners 1,2,4,8,15] [--repeat 1]
+        [--limits 8192,16,4096] [--planners 1,2,4,8,15] [--repeat 1] [--baseline DIR]
 
 Models: the demo models (gated-deltanet, qwen3-liger, qwen35-hybrid) and the model planner's test models
 (olmo-hybrid, plain-hybrid); a name ending in ``/model-only`` plans it with the model-level planner alone
@@ -79,6 +81,7 @@ def main() -> int:
     parser.add_argument("--limits", default="8192,16,4096")
     parser.add_argument("--planners", default="1,2,4,8,15")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--baseline", default=None, help="another checkout's root: its jit_ahead, alternating")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     limits = tuple(int(v) for v in args.limits.split(","))
@@ -89,20 +92,31 @@ def main() -> int:
         parser.error("--out is required")
     runs = []
 
-    def launch(model: str, planners: str, plans: str) -> dict:
+    codes = {"this": None}
+    if args.baseline:
+        codes["baseline"] = os.path.abspath(args.baseline)
+
+    def launch(model: str, planners: str, plans: str, code: str) -> dict:
         env = dict(os.environ, JIT_AHEAD_PLANNERS=planners, JIT_AHEAD_PLAN_DIR=plans)
-        return run_child(__file__, ["--models", model, "--limits", args.limits], env, 3600,
-                         {"model": model, "planners": planners})
+        if codes[code]:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [codes[code], env.get("PYTHONPATH")]))
+        result = run_child(__file__, ["--models", model, "--limits", args.limits], env, 3600,
+                           {"model": model, "planners": planners})
+        return dict(result, code=code)
 
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory() as scratch:
             for index in range(args.repeat):
                 for planners in args.planners.split(","):
-                    plans = tempfile.mkdtemp(dir=scratch)
-                    result = dict(launch(model, planners, plans), run=index)
-                    runs.append(result)
-                    print(json.dumps(result), flush=True)
-            read = dict(launch(model, args.planners.split(",")[-1], plans), run="saved plan read")
+                    # alternate which code runs first, so that neither always meets a warmer machine
+                    for code in list(codes)[::1 if index % 2 == 0 else -1]:
+                        plans = tempfile.mkdtemp(dir=scratch)
+                        result = dict(launch(model, planners, plans, code), run=index)
+                        runs.append(result)
+                        print(json.dumps(result), flush=True)
+                        if code == "this":
+                            kept = plans
+            read = dict(launch(model, args.planners.split(",")[-1], kept, "this"), run="saved plan read")
             runs.append(read)
             print(json.dumps(read), flush=True)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tree": tree(),
@@ -113,17 +127,28 @@ def main() -> int:
     lines = [f"# Planning a whole model within {args.limits} (tokens, batch, sequence) ({report['date']}, "
              f"tree {report['tree']})", "",
              f"`{report['command']}`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
-             "| model | planners | run | wall s | to the first launch s | each planner s (min-max) | server CPU s "
+             "| model | code | planners | run | wall s | to the first launch s | each planner s (min-max) | server CPU s "
              "| planners' CPU s | launches | variants |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['planners']} | {r.get('run')} | error: {r['error'][-120:]!r} "
-                         "| | | | | | |")
+            lines.append(f"| {r['model']} | {r.get('code')} | {r['planners']} | {r.get('run')} | "
+                         f"error: {r['error'][-120:]!r} | | | | | | |")
             continue
         each = "-".join(map(str, r["planner_s"]))
-        lines.append(f"| {r['model']} | {r['planners']} | {r['run']} | {r['wall_s']} | {r['listing_s']} | {each} | "
-                     f"{r['server_cpu_s']} | {r['planner_cpu_s']} | {r['launches']} | {r['variants']} |")
+        lines.append(f"| {r['model']} | {r['code']} | {r['planners']} | {r['run']} | {r['wall_s']} | {r['listing_s']} | "
+                     f"{each} | {r['server_cpu_s']} | {r['planner_cpu_s']} | {r['launches']} | {r['variants']} |")
+    if args.baseline:
+        median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        for model in args.models.split(","):
+            for planners in args.planners.split(","):
+                wall = {code: [r["wall_s"] for r in runs if r.get("code") == code and r["model"] == model
+                               and r["planners"] == int(planners) and isinstance(r.get("run"), int)
+                               and "error" not in r] for code in codes}
+                if wall["this"] and wall["baseline"]:
+                    lines.append(f"\n{model}, {planners} planners: wall this / baseline, median of "
+                                 f"{len(wall['this'])} and {len(wall['baseline'])}: "
+                                 f"{median(wall['this']) / median(wall['baseline']):.3f}")
     with open(os.path.join(args.out, "planning_wall.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
