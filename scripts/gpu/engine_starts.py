@@ -9,7 +9,8 @@ For each model and limit set, arms in fresh processes, in this order:
   jit-replay   an empty Triton cache, with the plan folder and records of jit-cold (a second node of the
                same deployment: the plan is read, autotune choices come from the records)
   plain-cold   (only with --plain-cold) empty cache, no jit_ahead: what users get without it
-  busy-plain, busy-jit (with --busy N, after the other arms, alternating N times each): serving on the
+  busy-plain, busy-jit (with --busy N, after the other arms, N pairs, each pair's order the other way round
+               from the last's, as are --warm-pairs): serving on the
                warm cache while jit_ahead plans and builds another model in the background (BUSY_MODEL at
                the large limits, no saved plan, none of its variants built), against the same serving
                without jit_ahead: what background planning and builds cost a serving request
@@ -223,8 +224,12 @@ def main() -> int:
         parser.error("--out is required")
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     print(f"request seed {seed}", flush=True)
-    arms = (args.arms.split(",") + (["plain-cold"] if args.plain_cold else []) + ["jit-warm", "plain-warm"] * args.warm_pairs
-            + ["busy-plain", "busy-jit"] * args.busy)
+    # pairs alternate which arm goes first (A B B A ...), so that neither always follows the other
+    def pairs(first: str, second: str, count: int) -> list[str]:
+        return [arm for i in range(count) for arm in ((first, second) if i % 2 == 0 else (second, first))]
+
+    arms = (args.arms.split(",") + (["plain-cold"] if args.plain_cold else []) + pairs("jit-warm", "plain-warm", args.warm_pairs)
+            + pairs("busy-plain", "busy-jit", args.busy))
     results = []
     os.makedirs(args.out, exist_ok=True)
     for set_name in args.sets.split(","):
