@@ -9,6 +9,7 @@ For each model and limit set, arms in fresh processes, in this order:
   jit-replay   an empty Triton cache, with the plan folder and records of jit-cold (a second node of the
                same deployment: the plan is read, autotune choices come from the records)
   plain-cold   (only with --plain-cold) empty cache, no jit_ahead: what users get without it
+  ARM-norecords  (listed in --arms) that arm with JIT_AHEAD_RECORD_DIR unset: no record read or written
   busy-plain, busy-jit (with --busy N, after the other arms, N pairs, each pair's order the other way round
                from the last's, as are --warm-pairs): serving on the
                warm cache while jit_ahead plans and builds another model in the background (BUSY_MODEL at
@@ -147,6 +148,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
 
         session = jit_ahead.start()
         session.stats.subscribe(events.append)
+    t_started = time.perf_counter() - T0
     torch.manual_seed(0)
     model = build(model_name, "cuda")
     t_model = time.perf_counter() - T0
@@ -174,7 +176,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         latencies.append(time.perf_counter() - t0)
     t_end = time.perf_counter() - T0
     worst = max(range(len(latencies)), key=latencies.__getitem__)
-    result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "model_built_s": round(t_model, 2),
+    result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "started_s": round(t_started, 2),
+              "model_built_s": round(t_model, 2),
               "ready_s": round(t_ready, 2), "warmup_end_s": round(t_warm, 2), "end_s": round(t_end, 2),
               "serving_s": round(sum(latencies), 3), "worst_request_s": round(latencies[worst], 3),
               "worst_request": list(shapes[worst]), "median_request_s": round(sorted(latencies)[len(latencies) // 2], 4),
@@ -186,6 +189,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     if arm == "busy-jit":  # was the background work still going when serving ended?
         result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.pool.table.pending(),
                       busy_planned=sum(run.variants.values()))
+    if session is not None:  # when the records were read and queued, on the clock of the other times
+        replayed = next((e["time"] for e in events if e["event"] == "replay"), None)
+        result["replay_done_s"] = None if replayed is None else round(replayed - time.time() + time.perf_counter() - T0, 2)
     if run is not None:
         first_queued = min((e["time"] for e in events if e["event"] == "queued"), default=None)
         helper_builds = sorted(e["time"] for e in events if e["event"] == "build_finish" and e.get("helper") != "executor")
@@ -242,6 +248,8 @@ def main() -> int:
                     cache = {"jit-replay": folders["empty"], "plain-cold": folders["cold"]}.get(arm, folders["cache"])
                     env = dict(os.environ, TRITON_CACHE_DIR=cache, JIT_AHEAD_PLAN_DIR=folders["plans"],
                                JIT_AHEAD_RECORD_DIR=folders["records"])
+                    if arm.endswith("-norecords"):  # the same arm with recording and replay off
+                        env.pop("JIT_AHEAD_RECORD_DIR")
                     if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time
                         env["JIT_AHEAD_PLAN_DIR"] = tempfile.mkdtemp(dir=scratch)
                         env.pop("JIT_AHEAD_RECORD_DIR")
