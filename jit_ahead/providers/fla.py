@@ -207,9 +207,10 @@ class FlaGatedDeltaNetProvider(Provider):
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         graphs = set(limits.cuda_graph_batch_sizes)
         warm = warmup_token_counts(limits)
+        totals = token_totals(limits) if any(isinstance(s, ModuleSite) and s.by_rows for s in layers) else []
         for site in layers:
             if isinstance(site, ModuleSite) and site.by_rows:
-                for total in token_totals(limits):
+                for total in totals:
                     yield PlannedLaunch(Priority.WARMUP if total in warm else Priority.BACKGROUND,
                                         lambda t=total, site=site: _module(site, 1, t), f"{site.label} tokens={total}")
                 continue
