@@ -8,7 +8,7 @@ from jit_ahead import demo_models
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider, padded_prefill_batches
-from jit_ahead.providers.liger import LigerProvider, RowWiseSite
+from jit_ahead.providers.liger import LigerProvider, RopeSite, RowWiseSite
 from jit_ahead.providers.meta import MetaCaller, MetaScalars, int_class_representatives
 from jit_ahead.triton import capture, plan_launch
 from jit_ahead.triton.spec import on_disk
@@ -62,6 +62,45 @@ def test_liger_qwen3_plan_covers_random_prefill_and_decode():
     shapes = serving_shapes(LIMITS, 8, seed=3)
     assert misses(planned, shapes, lambda b, s, pos: demo_models.serve(
         model, b, s, 2, device="meta", position_ids=pos)) == []
+
+
+def _liger_qwen3_with_heads(heads: int, kv_heads: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    demo_models.liger_qwen3(layers=1)  # applies Liger's patches to transformers' Qwen3
+    config = Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, head_dim=64, vocab_size=512)
+    with torch.device("meta"):
+        return Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def test_liger_models_probed_at_once_in_two_threads_each_find_their_own_rope():
+    """Each model is planned in a thread of its own, so probes overlap: each must see the RoPE calls of its
+    own forward, and only those. (A probe that swapped Liger's ``rope_forward`` and put back what it had
+    found left the later probe with no RoPE at all, and recorded the other model's calls.)"""
+    import threading
+
+    import liger_kernel.ops.rope as rope_ops
+
+    original = rope_ops.rope_forward
+    heads = {"a": (8, 4), "b": (4, 2)}
+    models = {name: _liger_qwen3_with_heads(*h) for name, h in heads.items()}
+    for round_ in range(3):
+        start = threading.Barrier(len(models))
+        found: dict[str, set] = {}
+
+        def probe(name):
+            start.wait()
+            found[name] = {(s.q_heads, s.kv_heads) for s in LigerProvider().find_layers(models[name])
+                           if isinstance(s, RopeSite)}
+
+        threads = [threading.Thread(target=probe, args=(name,)) for name in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert found == {name: {h} for name, h in heads.items()}, f"round {round_}"
+    assert rope_ops.rope_forward is original  # put back, once no probe runs
 
 
 def test_liger_layers_are_enumerated_through_the_ops_they_ran():

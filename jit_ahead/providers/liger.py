@@ -34,6 +34,7 @@ from ..core.priority import Priority
 from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,
                    probe)
+from .thread_patch import patched_in_this_thread
 
 log = logging.getLogger("jit_ahead.providers.liger")
 
@@ -79,24 +80,18 @@ class LossSite:
     lm_head: MetaCaller
 
 
-@contextlib.contextmanager
-def _recording_rope(calls: list) -> Iterator[None]:
+def _recording_rope(calls: list) -> contextlib.AbstractContextManager:
+    """Records each RoPE call this thread makes (another model's probe may run in another thread)."""
     import liger_kernel.ops.rope as rope_ops
 
-    original = rope_ops.rope_forward
-
-    def recording(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rotary_dim=None):
+    def recording(original, q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rotary_dim=None):
         calls.append(RopeSite(q_heads=q.shape[1], kv_heads=k.shape[1], head_dim=q.shape[-1],
                               rotary_width=cos.shape[-1], q_seq_major=q.transpose(1, 2).is_contiguous(),
                               dtype=q.dtype, cos_dtype=cos.dtype, unsqueeze_dim=unsqueeze_dim,
                               rotary_dim=rotary_dim))
         return original(q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim)
 
-    rope_ops.rope_forward = recording
-    try:
-        yield
-    finally:
-        rope_ops.rope_forward = original
+    return patched_in_this_thread(rope_ops, "rope_forward", recording)
 
 
 def _uses_liger_loss(model) -> bool:

@@ -28,6 +28,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core.processes import fork_safe_lock
+from .thread_patch import patched_in_this_thread
 
 
 def meta_replica(module: torch.nn.Module, copies: dict[int, torch.nn.Module] | None = None) -> torch.nn.Module:
@@ -273,42 +274,28 @@ def _replayable(tensor: torch.Tensor) -> bool:
     return tensor.is_contiguous() and tensor.storage_offset() == 0
 
 
-_apply_patch_lock = fork_safe_lock()
-
-
 class _FunctionRecorder:
     """While active, records the calls of autograd Functions defined under ``prefix`` (a library's ops)
-    against the innermost probed layer running. ``torch.autograd.Function.apply`` is wrapped for the
-    duration of one probe forward; every call still goes to the original."""
+    this thread makes, against the innermost probed layer running. ``torch.autograd.Function.apply`` is
+    wrapped for this thread for the duration of one probe forward; every call still goes to the
+    original."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.stack: list[list] = []  # per running probed layer: the FunctionCalls it made, or None
-        self.thread = threading.get_ident()
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        base = torch.autograd.Function
-        recorder = self
-
-        def apply(cls, *args, **kwargs):
-            if (recorder.stack and recorder.stack[-1] is not None and threading.get_ident() == recorder.thread
-                    and cls.__module__.startswith(recorder.prefix)):
+    def active(self) -> contextlib.AbstractContextManager:
+        def apply(original, cls, *args, **kwargs):
+            if self.stack and self.stack[-1] is not None and cls.__module__.startswith(self.prefix):
                 tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-                ops = recorder.stack[-1]
+                ops = self.stack[-1]
                 if all(_replayable(t) for t in tensors):
                     ops.append(FunctionCall(cls, ProbedCall.of(args, kwargs)))
                 else:  # not replayable at other shapes: the layer is enumerated through its own forward
-                    recorder.stack[-1] = None
-            return original.__func__(cls, *args, **kwargs)
+                    self.stack[-1] = None
+            return original(cls, *args, **kwargs)
 
-        with _apply_patch_lock:  # one recorder at a time, so each restores what it found
-            original = vars(base)["apply"]
-            base.apply = classmethod(apply)
-            try:
-                yield
-            finally:
-                base.apply = original
+        return patched_in_this_thread(torch.autograd.Function, "apply", apply)
 
 
 @dataclass(frozen=True)
