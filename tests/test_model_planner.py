@@ -88,6 +88,24 @@ def test_a_model_no_provider_knows_is_planned_whole(name):
     assert misses(model, planned, shapes) == [], f"seed {seed}"
 
 
+def test_requests_with_position_ids_are_planned_where_they_launch_other_variants():
+    """Liger's RoPE takes cos/sin per row when a request passes position ids (as ``generate`` and engines
+    do), and those are other variants. With no provider claiming RoPE, the model planner plans them."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    liger = demo_models.liger_qwen3(layers=1)
+    limits = EngineLimits(max_num_tokens=192, max_batch_size=3, max_seq_len=150, cuda_graph_batch_sizes=(1, 2))
+    planned, sites = plan(liger, limits, providers=[ModelProvider()])
+    shapes = [(batch, rng.randint(1, min(limits.max_seq_len - 3, limits.max_num_tokens // batch)), True)
+              for batch in (rng.randint(2, limits.max_batch_size) for _ in range(6))]
+    assert provider_misses(planned, shapes, lambda b, s, pos: demo_models.serve(
+        liger, b, s, 2, device="meta", position_ids=pos)) == [], f"seed {seed}"
+    assert sites["model"][0].positions
+    # where position ids launch nothing else (RoPE in torch), requests are not planned twice
+    _, sites = plan(demo_models.qwen35_hybrid(hidden=256), limits, providers=[ModelProvider()])
+    assert not sites["model"][0].positions
+
+
 def test_large_limits_reach_value_derived_variants():
     # one sequence of up to 4200 tokens: fla's chunk kernels and Liger's RMSNorm change variants with
     # the token count far beyond what small limits reach

@@ -11,7 +11,10 @@ at every shape within the limits:
   step is decoded. The lengths are those that change a Triton specialization or a power-of-two
   bucket: 1..64, each power of two and its neighbours, and ``max_seq_len - 1``;
 - padded batches (an attention mask), when a padded probe launches anything an unpadded one does not:
-  one left-padded batch per (batch, length), every row but the first one token long.
+  one left-padded batch per (batch, length), every row but the first one token long;
+- explicit position ids (``position_ids``, one row per sequence, as ``generate`` and engines pass them),
+  when a probe with them launches anything one without does not (Liger's RoPE takes cos/sin per row
+  then): every request above again with position ids, padded ones too.
 
 What makes it affordable, each checked before it is used: the launches of the probe shapes (a short
 and a longer prefill, the longest prefill and the largest decode batch within the limits) with the
@@ -54,11 +57,12 @@ POSITION_ATTRIBUTES = ("layer_idx", "layer_id", "layer_number", "layer_index", "
 @dataclass(frozen=True)
 class Calling:
     """How the model's forward is called: the keyword its cache goes by (None: it takes none), whether
-    it takes ``use_cache`` and an ``attention_mask``."""
+    it takes ``use_cache``, an ``attention_mask`` and ``position_ids``."""
 
     cache_keyword: str | None
     use_cache: bool
     mask: bool = False
+    positions: bool = False
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "Calling | None":
@@ -69,11 +73,31 @@ class Calling:
         if "input_ids" not in parameters:
             return None
         keyword = next((k for k in ("cache", "past_key_values") if k in parameters), None)
-        return cls(keyword, "use_cache" in parameters, "attention_mask" in parameters)
+        return cls(keyword, "use_cache" in parameters, "attention_mask" in parameters, "position_ids" in parameters)
+
+
+@dataclass(frozen=True)
+class Convention:
+    """What a request passes beside the token ids: a left-padded attention mask, position ids."""
+
+    padded: bool = False
+    positions: bool = False
+
+
+PLAIN = Convention()
 
 
 def _ids(batch: int, tokens: int) -> torch.Tensor:
     return torch.empty(batch, tokens, dtype=torch.long, device="meta")
+
+
+def _extra(batch: int, tokens: int, mask: torch.Tensor | None, positions: bool) -> dict:
+    """The keywords beside the token ids: the mask, and position ids of this step's tokens (only their
+    shape and dtype reach a kernel; values read back are answered on meta)."""
+    extra = {} if mask is None else {"attention_mask": mask}
+    if positions:
+        extra["position_ids"] = _ids(batch, tokens)
+    return extra
 
 
 def _cache_of(output):
@@ -92,23 +116,23 @@ class Forwards:
     calling: Calling
 
     @torch.no_grad()
-    def prefill(self, batch: int, tokens: int, mask: torch.Tensor | None = None):
+    def prefill(self, batch: int, tokens: int, mask: torch.Tensor | None = None, positions: bool = False):
         """One prefill without a cache; with a cache (when the model takes one), that cache."""
-        padded = {} if mask is None else {"attention_mask": mask}
+        extra = _extra(batch, tokens, mask, positions)
         with meta_reads_answered():
             if self.calling.use_cache:
-                self.caller(input_ids=_ids(batch, tokens), use_cache=False, **padded)
-                return _cache_of(self.caller(input_ids=_ids(batch, tokens), use_cache=True, **padded))
-            self.caller(input_ids=_ids(batch, tokens), **padded)
+                self.caller(input_ids=_ids(batch, tokens), use_cache=False, **extra)
+                return _cache_of(self.caller(input_ids=_ids(batch, tokens), use_cache=True, **extra))
+            self.caller(input_ids=_ids(batch, tokens), **extra)
             return None
 
     @torch.no_grad()
-    def extend(self, cache, batch: int, tokens: int, mask: torch.Tensor | None = None):
+    def extend(self, cache, batch: int, tokens: int, mask: torch.Tensor | None = None, positions: bool = False):
         """``tokens`` more per row onto ``cache`` (a decode step when 1); the cache after."""
-        padded = {} if mask is None else {"attention_mask": mask}
+        extra = _extra(batch, tokens, mask, positions)
         with meta_reads_answered():
             out = self.caller(input_ids=_ids(batch, tokens), use_cache=True, **{self.calling.cache_keyword: cache},
-                              **padded)
+                              **extra)
         after = _cache_of(out)
         return cache if after is None else after
 
@@ -126,29 +150,29 @@ def left_padded_mask(batch: int, tokens: int) -> torch.Tensor:
     return mask
 
 
-def _request(forwards: Forwards, batch: int, tokens: int, longest: int, padded: bool) -> None:
+def _request(forwards: Forwards, batch: int, tokens: int, longest: int, convention: Convention) -> None:
     """A prefill of (batch, tokens), and one decode step on its cache while it stays within ``longest``."""
-    mask = left_padded_mask(batch, tokens) if padded else None
-    cache = forwards.prefill(batch, tokens, mask)
+    mask = left_padded_mask(batch, tokens) if convention.padded else None
+    cache = forwards.prefill(batch, tokens, mask, convention.positions)
     if cache is not None and forwards.cached and tokens < longest:
         if mask is not None:
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
-        forwards.extend(cache, batch, 1, mask)
+        forwards.extend(cache, batch, 1, mask, convention.positions)
 
 
-def request(forwards: Forwards, batch: int, tokens: int, longest: int, padded: bool = False) -> None:
-    with_host_indices_if_needed(lambda: _request(forwards, batch, tokens, longest, padded), padded)
+def request(forwards: Forwards, batch: int, tokens: int, longest: int, convention: Convention = PLAIN) -> None:
+    with_host_indices_if_needed(lambda: _request(forwards, batch, tokens, longest, convention), convention.padded)
 
 
-def long_decode(forwards: Forwards, batch: int, length: int) -> None:
+def long_decode(forwards: Forwards, batch: int, length: int, positions: bool = False) -> None:
     """One decode step of ``batch`` rows on a cache of ``length`` tokens. The cache is filled by one
     prefill of ``length`` tokens whose launches are not kept: it may exceed the token limit (a server
     reaches that cache by decoding), and its launches are not planned here."""
     from ..triton import capture
 
     with capture():  # the inner capture keeps the filling launches out of the planning one
-        cache = forwards.prefill(batch, length)
-    forwards.extend(cache, batch, 1)
+        cache = forwards.prefill(batch, length, positions=positions)
+    forwards.extend(cache, batch, 1, positions=positions)
 
 
 def decode_lengths(upper: int) -> list[int]:
@@ -248,6 +272,12 @@ class ModelSite:
     padded: bool  # a padded probe launched something an unpadded one did not
     standing_in: int  # modules replaced by stand-ins
     label: str
+    positions: bool = False  # a probe with position ids launched something one without did not
+
+    @property
+    def conventions(self) -> list[Convention]:
+        return [Convention(padded, positions) for positions in (False, True)[:1 + self.positions]
+                for padded in (False, True)[:1 + self.padded]]
 
 
 @dataclass
@@ -363,10 +393,12 @@ class ModelProvider(Provider):
             log.info("model planner: %d stand-ins changed the probe's launches; trying fewer", len(stand_ins))
         else:  # every layer runs its own forward
             stand_ins, forwards = [], Forwards(MetaCaller(model, inference=True), calling)
-        padded = self._padded_differs(forwards) if forwards.cached and calling.mask else False
-        log.info("model planner: %s planned through its forward, %d modules stood in for%s", type(model).__name__,
-                 len(stand_ins), ", padded batches too" if padded else "")
-        return [ModelSite(forwards, padded, len(stand_ins), type(model).__name__)]
+        padded = self._differs(forwards, Convention(padded=True)) if forwards.cached and calling.mask else False
+        positions = self._differs(forwards, Convention(positions=True)) if calling.positions else False
+        log.info("model planner: %s planned through its forward, %d modules stood in for%s%s", type(model).__name__,
+                 len(stand_ins), ", padded batches too" if padded else "",
+                 ", with and without position ids" if positions else "")
+        return [ModelSite(forwards, padded, len(stand_ins), type(model).__name__, positions)]
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         for site in layers:
@@ -465,20 +497,23 @@ class ModelProvider(Provider):
                 names.update({r.predicted_hash: r.name for r in plan.requests})
         return found
 
-    def _padded_differs(self, forwards: Forwards) -> bool:
+    def _differs(self, forwards: Forwards, convention: Convention) -> bool:
+        """Whether requests passing ``convention`` launch anything plain ones do not, at a batch of two
+        sequences past 64 tokens (a mask and per-row positions only show with more than one row)."""
         from ..triton import capture
 
         batch, tokens = 2, 70
         try:
             with capture() as plain:
                 request(forwards, batch, tokens, tokens + 1)
-            with capture() as padded:
-                request(forwards, batch, tokens, tokens + 1, padded=True)
+            with capture() as other:
+                request(forwards, batch, tokens, tokens + 1, convention)
         except Exception as exc:
-            log.info("model planner: a padded probe failed (%s: %s); padded batches are planned as unpadded",
+            what = "padded batches" if convention.padded else "requests with position ids"
+            log.info("model planner: a probe of %s failed (%s: %s); they are planned as plain ones", what,
                      type(exc).__name__, exc)
             return False
-        return bool({r.predicted_hash for r in padded.requests} - {r.predicted_hash for r in plain.requests})
+        return bool({r.predicted_hash for r in other.requests} - {r.predicted_hash for r in plain.requests})
 
 
 def _outermost(model: torch.nn.Module, chosen, skip: set) -> list[torch.nn.Module]:
@@ -510,16 +545,23 @@ def _sweep(site: ModelSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
     for batch, tokens in prefill_shapes(limits):
         priority = Priority.WARMUP if is_warmup_shape(limits, batch, tokens) or (
             tokens == 1 and batch in graphs) else Priority.BACKGROUND
-        yield PlannedLaunch(priority, lambda b=batch, t=tokens: request(forwards, b, t, longest),
-                            f"{site.label} B={batch} T={tokens}")
-        if site.padded and batch > 1:
-            yield PlannedLaunch(priority, lambda b=batch, t=tokens: request(forwards, b, t, longest, padded=True),
-                                f"{site.label} padded B={batch} T={tokens}")
+        for convention in site.conventions:
+            if convention.padded and batch == 1:  # one row is never padded
+                continue
+            yield PlannedLaunch(priority, lambda b=batch, t=tokens, c=convention: request(forwards, b, t, longest, c),
+                                f"{site.label} B={batch} T={tokens}{_label(convention)}")
     if not forwards.cached:
         return
     for batch in range(1, limits.max_batch_size + 1):
         prefilled = max(1, min(limits.max_seq_len, limits.max_num_tokens // batch))
         for length in decode_lengths(limits.max_seq_len - 1):
             if length > prefilled:  # shorter caches are left by a prefill above, and decoded there
-                yield PlannedLaunch(Priority.BACKGROUND, lambda b=batch, n=length: long_decode(forwards, b, n),
-                                    f"{site.label} decode B={batch} cache={length}")
+                for positions in (False, True)[:1 + site.positions]:
+                    yield PlannedLaunch(Priority.BACKGROUND,
+                                        lambda b=batch, n=length, p=positions: long_decode(forwards, b, n, p),
+                                        f"{site.label} decode B={batch} cache={length}"
+                                        f"{_label(Convention(positions=positions))}")
+
+
+def _label(convention: Convention) -> str:
+    return (" padded" if convention.padded else "") + (" with position ids" if convention.positions else "")
