@@ -130,6 +130,17 @@ class AutotuneCounter:
         Autotuner._bench = counted
 
 
+def _profile_top(profiler, count: int = 30) -> list[str]:
+    """The calls of this thread from process start to the built model with the most cumulative time."""
+    import io
+    import pstats
+
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(count)
+    return [line for line in text.getvalue().splitlines() if line.strip()][-count:]
+
+
 def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     import torch
 
@@ -143,6 +154,12 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     host = HostBuildCounter()
     events: list[dict] = []
     session = None
+    profiler = None
+    if os.environ.get("ENGINE_STARTS_PROFILE") == "1":  # where the time up to the built model goes
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     if arm.startswith("jit") or arm == "busy-jit":
         import jit_ahead
 
@@ -150,8 +167,11 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         session.stats.subscribe(events.append)
     t_started = time.perf_counter() - T0
     torch.manual_seed(0)
+    torch.empty(1, device="cuda")  # the CUDA context, timed apart from the model's own imports and build
+    t_cuda = time.perf_counter() - T0
     model = build(model_name, "cuda")
     t_model = time.perf_counter() - T0
+    profile_top = _profile_top(profiler) if profiler is not None else None
     run = None
     if arm == "busy-jit":  # background work for the whole serving time: another model, planned and built
         busy_model, busy_set = BUSY_MODEL
@@ -177,7 +197,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     t_end = time.perf_counter() - T0
     worst = max(range(len(latencies)), key=latencies.__getitem__)
     result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "started_s": round(t_started, 2),
-              "model_built_s": round(t_model, 2),
+              "cuda_ready_s": round(t_cuda, 2), "model_built_s": round(t_model, 2),
               "ready_s": round(t_ready, 2), "warmup_end_s": round(t_warm, 2), "end_s": round(t_end, 2),
               "serving_s": round(sum(latencies), 3), "worst_request_s": round(latencies[worst], 3),
               "worst_request": list(shapes[worst]), "median_request_s": round(sorted(latencies)[len(latencies) // 2], 4),
@@ -186,6 +206,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
               "serving_compiled": sorted(set(counter.compiled["serving"])),
               "autotune_runs_warmup": tuning.runs["warmup"], "autotune_runs_serving": tuning.runs["serving"],
               "host_builds_warmup": host.builds["warmup"], "host_builds_serving": host.builds["serving"]}
+    if profile_top is not None:
+        result["start_profile"] = profile_top
     if arm == "busy-jit":  # was the background work still going when serving ended?
         result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.pool.table.pending(),
                       busy_planned=sum(run.variants.values()))
@@ -220,6 +242,8 @@ def main() -> int:
                         help="jit-warm/plain-warm pairs per model after the other arms, interleaved")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run's request mix")
     parser.add_argument("--arm-timeout", type=float, default=580)
+    parser.add_argument("--profile-start", action="store_true",
+                        help="profile each arm's main thread up to the built model (start_profile in the json)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -248,6 +272,8 @@ def main() -> int:
                     cache = {"jit-replay": folders["empty"], "plain-cold": folders["cold"]}.get(arm, folders["cache"])
                     env = dict(os.environ, TRITON_CACHE_DIR=cache, JIT_AHEAD_PLAN_DIR=folders["plans"],
                                JIT_AHEAD_RECORD_DIR=folders["records"])
+                    if args.profile_start:
+                        env["ENGINE_STARTS_PROFILE"] = "1"
                     if arm.endswith("-norecords"):  # the same arm with recording and replay off
                         env.pop("JIT_AHEAD_RECORD_DIR")
                     if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time
