@@ -354,6 +354,58 @@ def test_damaged_cache_entries_are_removed_and_rebuilt_once_and_never_load(sessi
     assert any("damaged again after a rebuild" in r.getMessage() for r in caplog.records)
 
 
+def test_an_entry_found_sound_is_not_read_again_until_one_of_its_files_changes(session_factory, monkeypatch):
+    # A warm start checks each entry when the saved plan is read, when the records are replayed and at the
+    # first launch; reading and hashing every file each time is most of what a warm start costs beyond
+    # a plain one. Once sound, an entry is answered from its files' identities until one of them changes.
+    import os
+    import shutil
+    import time
+
+    from jit_ahead.triton import cache_check
+
+    with capture() as planned:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=256)
+    (request,) = planned.requests
+    session = session_factory(workers=1)
+    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    digests = []
+    original = cache_check._digest
+    monkeypatch.setattr(cache_check, "_digest", lambda path: digests.append(path) or original(path))
+
+    def check():
+        digests.clear()
+        return cache_check.check(request.predicted_hash, request.name, 90)[0]
+
+    folder = cache_check.folder_of(request.predicted_hash)
+    cubin = os.path.join(folder, "add_kernel.cubin")
+    data = open(cubin, "rb").read()
+    def stamp(when):
+        for name in os.listdir(folder):
+            os.utime(os.path.join(folder, name), (when, when))
+
+    stamp(time.time() + 30)  # as if just written (time ahead: no wait can make it settled)
+    assert check() is cache_check.Entry.OK and digests  # too fresh to be remembered
+    assert check() is cache_check.Entry.OK and digests
+    aged = time.time() - 60
+    stamp(aged)
+    assert check() is cache_check.Entry.OK and digests
+    assert check() is cache_check.Entry.OK and digests == []  # nothing read again
+    shutil.copyfile(cubin, cubin + ".copy")
+    os.replace(cubin + ".copy", cubin)  # the same bytes in a new file: read and hashed again, still sound
+    assert check() is cache_check.Entry.OK and digests
+    os.utime(cubin, (aged, aged))
+    assert check() is cache_check.Entry.OK and digests
+    assert check() is cache_check.Entry.OK and digests == []
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    with open(cubin, "r+b") as f:  # in place, the size kept: its modification time changes
+        f.write(bytes(flipped))
+    assert check() is cache_check.Entry.DAMAGED
+    os.remove(os.path.join(folder, "add_kernel.ptx"))
+    assert check() is cache_check.Entry.DAMAGED
+
+
 def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_it(session_factory, monkeypatch,
                                                                                     caplog):
     # Found damaged at a launch after serving started, it was reported (and, with JIT_AHEAD_MODE=error,

@@ -14,6 +14,14 @@ file of the group), written last and atomically. The check then needs, for an en
 
 A damaged entry is removed, for its variant to be built again (``TritonExecutor``). Cache managers that
 are not Triton's file cache (a remote cache) are not checked: they are trusted as Triton trusts them.
+
+One process checks an entry up to three times on a warm start (reading the saved plan, replaying the
+records, the first launch), and the digests are most of a check's cost. So an entry found sound is
+remembered with the identity of its files (size, modification time, inode); a later check whose files
+all still have theirs is answered without reading them. A file changed in place keeping its size and
+modification time is not noticed until the next process: the risk accepted for it. Files written less
+than ``SETTLED_S`` ago are not remembered: file times advance in coarse steps, and a file rewritten in
+the step it was written in would keep its time.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
@@ -38,6 +47,28 @@ class Entry(enum.Enum):
     MISSING = "missing"
     OK = "ok"
     DAMAGED = "damaged"
+
+
+# (folder, kernel name, arch) of each entry this process found sound -> the identity of its files then
+_sound: dict[tuple[str, str, int | None], tuple] = {}
+SETTLED_S = 1.0
+
+
+def _identity(paths: list[str]) -> tuple | None:
+    """Each file's (path, size, modification time, inode); None if one is gone."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
+
+
+def _files_of(folder: str, kernel_name: str, paths: dict[str, str]) -> list[str]:
+    return [os.path.join(folder, f"__grp__{cache_file_stem(kernel_name)}.json"), os.path.join(folder, MANIFEST),
+            *sorted(paths.values())]
 
 
 def folder_of(predicted_hash: str) -> str | None:
@@ -93,6 +124,9 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None) -> tuple[Entr
             return (Entry.OK if group else Entry.MISSING), ""
     except (OSError, ValueError, AttributeError):  # the cache cannot be reached: a miss, as Triton sees it
         return Entry.MISSING, ""
+    known = _sound.get((folder, kernel_name, arch))
+    if known is not None and _identity([path for path, *_ in known]) == known:
+        return Entry.OK, ""
     try:
         paths = _group_paths(folder, kernel_name)
         if paths is None:
@@ -117,6 +151,11 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None) -> tuple[Entr
                 built_for = cuda_elf_arch(f.read())
             if arch is not None and built_for is not None and built_for != arch:
                 raise ValueError(f"its binary is for sm_{built_for}, not sm_{arch}")
+        identity = _identity(_files_of(folder, kernel_name, paths))
+        settled = time.time_ns() - int(SETTLED_S * 1e9)
+        # None: no manifest (an entry Triton wrote, cheap to check), checked each time
+        if identity is not None and all(0 < mtime <= settled for _, _, mtime, _ in identity):
+            _sound[(folder, kernel_name, arch)] = identity
     except OSError as exc:
         return Entry.DAMAGED, f"cannot be read ({exc})"
     except (ValueError, TypeError, KeyError) as exc:  # TypeError, KeyError: a manifest of another shape
@@ -169,6 +208,8 @@ def remove(predicted_hash: str) -> None:
     folder = folder_of(predicted_hash)
     if folder is None or not os.path.isdir(folder):
         return
+    for key in [k for k in list(_sound) if k[0] == folder]:
+        _sound.pop(key, None)
     aside = f"{folder}.damaged.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     try:
         os.rename(folder, aside)
