@@ -373,9 +373,9 @@ def test_an_entry_found_sound_is_not_read_again_until_one_of_its_files_changes(s
     original = cache_check._digest
     monkeypatch.setattr(cache_check, "_digest", lambda path: digests.append(path) or original(path))
 
-    def check():
+    def check(thorough=True):
         digests.clear()
-        return cache_check.check(request.predicted_hash, request.name, 90)[0]
+        return cache_check.check(request.predicted_hash, request.name, 90, thorough)[0]
 
     folder = cache_check.folder_of(request.predicted_hash)
     cubin = os.path.join(folder, "add_kernel.cubin")
@@ -401,8 +401,14 @@ def test_an_entry_found_sound_is_not_read_again_until_one_of_its_files_changes(s
     flipped[len(flipped) // 2] ^= 0xFF
     with open(cubin, "r+b") as f:  # in place, the size kept: its modification time changes
         f.write(bytes(flipped))
+    # the quick pass (replayed records) reads no contents: it misses this; the full check does not
+    assert check(thorough=False) is cache_check.Entry.OK and digests == []
     assert check() is cache_check.Entry.DAMAGED
+    with open(cubin, "ab") as f:  # a size other than the manifest's: the quick pass sees it
+        f.write(b"\0")
+    assert check(thorough=False) is cache_check.Entry.DAMAGED and digests == []
     os.remove(os.path.join(folder, "add_kernel.ptx"))
+    assert check(thorough=False) is cache_check.Entry.DAMAGED
     assert check() is cache_check.Entry.DAMAGED
 
 

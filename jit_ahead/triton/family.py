@@ -118,14 +118,16 @@ class TritonFamily:
             requests = requests.requests
         requests = list(requests)
         self.executor.note_planned(requests, source)
-        missing = [r for r in requests if self._needs_build(r)]
+        # records are replayed beside the server's start (imports, model build): a pass that reads no file
+        # contents, since the launch checks each entry in full anyway
+        missing = [r for r in requests if self._needs_build(r, thorough=source != "record")]
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
-    def _needs_build(self, request: TritonCompileRequest) -> bool:
+    def _needs_build(self, request: TritonCompileRequest, thorough: bool = True) -> bool:
         """Not on disk, or damaged there: a damaged entry is removed by the executor's rule (rebuilt once),
         so that planning builds it again ahead instead of the launch that finds it."""
-        entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
+        entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1], thorough)
         if entry is cache_check.Entry.DAMAGED:
             return self.executor.remove_damaged(request, damage, then="queued to be built again")
         return entry is cache_check.Entry.MISSING
