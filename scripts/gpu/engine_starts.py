@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -230,6 +231,68 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     return result
 
 
+def report_lines(report: dict) -> list[str]:
+    """The markdown of a run: one row per arm, then per model and limit set the warm ratio, the busy
+    ratio and each phase's median per arm (what part of a start jit_ahead adds to)."""
+    seed, results = report["seed"], report["results"]
+    models = list(dict.fromkeys(r["model"] for r in results))
+    sets = list(dict.fromkeys(r["set"] for r in results))
+    lines = [f"# Engine-style starts with and without jit_ahead ({report['date']})", "",
+             f"`{report['command']}`; request seed {seed}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+             "", "| model | limits | arm | process s | ready s | planning s | variants | queued | executor compiles "
+             "warmup / serving | autotune runs warmup / serving | serving s | worst request s (batch, prompt, "
+             "decode, padded) | host builds warmup / serving | process / median plain-warm |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | error: {r['error'][-150:]!r} |" + " |" * 10)
+            continue
+        bases = sorted(b["process_s"] for b in results if (b["model"], b["set"], b["arm"]) ==
+                       (r["model"], r["set"], "plain-warm") and "error" not in b)
+        ratio = f"{r['process_s'] / statistics.median(bases):.3f}" if bases else ""
+        lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | {r['process_s']} | {r['ready_s']} | "
+                     f"{r.get('planning_s', '')} | {r.get('planned_variants', '')} | {r.get('queued', '')} | "
+                     f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | "
+                     f"{r['autotune_runs_warmup']} / {r['autotune_runs_serving']} | {r['serving_s']} | "
+                     f"{r['worst_request_s']} {tuple(r['worst_request'])} | "
+                     f"{r['host_builds_warmup']} / {r['host_builds_serving']} | {ratio} |")
+    median = statistics.median
+    for model in models:
+        for set_name in sets:
+            warm = {arm: [r["process_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
+                          (model, set_name, arm) and "error" not in r] for arm in ("jit-warm", "plain-warm")}
+            if len(warm["jit-warm"]) > 1 and len(warm["plain-warm"]) > 1:
+                lines.append(f"\n{model} {set_name}: warm start with jit_ahead / without, median process time of "
+                             f"{len(warm['jit-warm'])} and {len(warm['plain-warm'])} interleaved runs: "
+                             f"{median(warm['jit-warm']) / median(warm['plain-warm']):.3f}")
+            pairs = {arm: [r["serving_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
+                           (model, set_name, arm) and "error" not in r] for arm in ("busy-plain", "busy-jit")}
+            if pairs["busy-plain"] and pairs["busy-jit"]:
+                lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
+                             f"median of {len(pairs['busy-jit'])} interleaved pairs: "
+                             f"{median(pairs['busy-jit']) / median(pairs['busy-plain']):.3f}")
+    for model in models:
+        for set_name in sets:
+            if not any("cuda_ready_s" in r for r in results if (r.get("model"), r.get("set")) == (model, set_name)):
+                continue  # a run made before the phases were timed
+            lines += [f"\n{model} {set_name}, phase medians (s): started (torch + jit_ahead.start), model build "
+                      "(after the CUDA context), ready after the model, warmup, serving, exit after serving",
+                      "", "| arm | runs | process | started | model build | ready after model | warmup | serving | exit |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for arm in dict.fromkeys(r["arm"] for r in results):
+                runs = [r for r in results if (r.get("model"), r.get("set"), r.get("arm")) == (model, set_name, arm)
+                        and "error" not in r and "cuda_ready_s" in r]
+                if not runs:
+                    continue
+                mid = lambda f: f"{statistics.median(f(r) for r in runs):.2f}"  # noqa: E731
+                lines.append(f"| {arm} | {len(runs)} | {mid(lambda r: r['process_s'])} | {mid(lambda r: r['started_s'])} | "
+                             f"{mid(lambda r: r['model_built_s'] - r['cuda_ready_s'])} | "
+                             f"{mid(lambda r: r['ready_s'] - r['model_built_s'])} | "
+                             f"{mid(lambda r: r['warmup_end_s'] - r['ready_s'])} | {mid(lambda r: r['serving_s'])} | "
+                             f"{mid(lambda r: r['process_s'] - r['end_s'])} |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -245,7 +308,12 @@ def main() -> int:
     parser.add_argument("--profile-start", action="store_true",
                         help="profile each arm's main thread up to the built model (start_profile in the json)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--report", metavar="JSON", help="print the markdown of a saved engine_starts.json")
     args = parser.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            print("\n".join(report_lines(json.load(f))))
+        return 0
     if args.one:
         model, set_name, arm, seed = args.one
         print("ARM " + json.dumps(run_arm(model, set_name, arm, int(seed))), flush=True)
@@ -298,40 +366,7 @@ def main() -> int:
               "command": " ".join(sys.argv), "results": results}
     with open(os.path.join(args.out, "engine_starts.json"), "w") as f:
         json.dump(report, f, indent=1)
-    lines = [f"# Engine-style starts with and without jit_ahead ({report['date']})", "",
-             f"`{report['command']}`; request seed {seed}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
-             "", "| model | limits | arm | process s | ready s | planning s | variants | queued | executor compiles "
-             "warmup / serving | autotune runs warmup / serving | serving s | worst request s (batch, prompt, "
-             "decode, padded) | host builds warmup / serving | process / median plain-warm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | error: {r['error'][-150:]!r} |" + " |" * 10)
-            continue
-        bases = sorted(b["process_s"] for b in results if (b["model"], b["set"], b["arm"]) ==
-                       (r["model"], r["set"], "plain-warm") and "error" not in b)
-        ratio = f"{r['process_s'] / bases[len(bases) // 2]:.3f}" if bases else ""
-        lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | {r['process_s']} | {r['ready_s']} | "
-                     f"{r.get('planning_s', '')} | {r.get('planned_variants', '')} | {r.get('queued', '')} | "
-                     f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | "
-                     f"{r['autotune_runs_warmup']} / {r['autotune_runs_serving']} | {r['serving_s']} | "
-                     f"{r['worst_request_s']} {tuple(r['worst_request'])} | "
-                     f"{r['host_builds_warmup']} / {r['host_builds_serving']} | {ratio} |")
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    for model in args.models.split(","):
-        for set_name in args.sets.split(","):
-            warm = {arm: [r["process_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
-                          (model, set_name, arm) and "error" not in r] for arm in ("jit-warm", "plain-warm")}
-            if len(warm["jit-warm"]) > 1 and len(warm["plain-warm"]) > 1:
-                lines.append(f"\n{model} {set_name}: warm start with jit_ahead / without, median process time of "
-                             f"{len(warm['jit-warm'])} and {len(warm['plain-warm'])} interleaved runs: "
-                             f"{median(warm['jit-warm']) / median(warm['plain-warm']):.3f}")
-            pairs = {arm: [r["serving_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
-                           (model, set_name, arm) and "error" not in r] for arm in ("busy-plain", "busy-jit")}
-            if pairs["busy-plain"] and pairs["busy-jit"]:
-                lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
-                             f"median of {len(pairs['busy-jit'])} interleaved pairs: "
-                             f"{median(pairs['busy-jit']) / median(pairs['busy-plain']):.3f}")
+    lines = report_lines(report)
     with open(os.path.join(args.out, "engine_starts.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
