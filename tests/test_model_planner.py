@@ -94,7 +94,7 @@ def test_requests_with_position_ids_are_planned_where_they_launch_other_variants
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     liger = demo_models.liger_qwen3(layers=1)
-    limits = EngineLimits(max_num_tokens=192, max_batch_size=3, max_seq_len=150, cuda_graph_batch_sizes=(1, 2))
+    limits = EngineLimits(max_num_tokens=128, max_batch_size=3, max_seq_len=96, cuda_graph_batch_sizes=(1, 2))
     planned, sites = plan(liger, limits, providers=[ModelProvider()])
     shapes = [(batch, rng.randint(1, min(limits.max_seq_len - 3, limits.max_num_tokens // batch)), True)
               for batch in (rng.randint(2, limits.max_batch_size) for _ in range(6))]
