@@ -30,7 +30,6 @@ class _Patch:
     last."""
 
     def __init__(self, owner: object, name: str) -> None:
-        self.owner, self.name = owner, name
         self.stored = vars(owner)[name]
         self.chains: dict[int, list[Wrapper]] = {}
         if isinstance(self.stored, classmethod):

@@ -67,8 +67,7 @@ def _identity(paths: list[str]) -> tuple | None:
 
 
 def _files_of(folder: str, kernel_name: str, paths: dict[str, str]) -> list[str]:
-    return [os.path.join(folder, f"__grp__{cache_file_stem(kernel_name)}.json"), os.path.join(folder, MANIFEST),
-            *sorted(paths.values())]
+    return [_group_file(folder, kernel_name), os.path.join(folder, MANIFEST), *sorted(paths.values())]
 
 
 def folder_of(predicted_hash: str) -> str | None:
@@ -84,11 +83,14 @@ def _digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def _group_file(folder: str, kernel_name: str) -> str:
+    return os.path.join(folder, f"__grp__{cache_file_stem(kernel_name)}.json")
+
+
 def _group_paths(folder: str, kernel_name: str) -> dict[str, str] | None:
     """The group's files by name; None if the group file is absent; raises ValueError if it is damaged."""
-    group_file = os.path.join(folder, f"__grp__{cache_file_stem(kernel_name)}.json")
     try:
-        with open(group_file, encoding="utf-8") as f:
+        with open(_group_file(folder, kernel_name), encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         return None

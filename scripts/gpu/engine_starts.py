@@ -132,7 +132,8 @@ class AutotuneCounter:
 
 
 def _profile_top(profiler, count: int = 30) -> list[str]:
-    """The calls of this thread from process start to the built model with the most cumulative time."""
+    """The calls with the most cumulative time from the arm's start to the built model (on Python 3.12
+    cProfile sees every thread, so the records replay thread's calls are among them)."""
     import io
     import pstats
 
@@ -237,6 +238,11 @@ def report_lines(report: dict) -> list[str]:
     seed, results = report["seed"], report["results"]
     models = list(dict.fromkeys(r["model"] for r in results))
     sets = list(dict.fromkeys(r["set"] for r in results))
+
+    def runs_of(model: str, set_name: str, arm: str) -> list[dict]:
+        return [r for r in results if (r.get("model"), r.get("set"), r.get("arm")) == (model, set_name, arm)
+                and "error" not in r]
+
     lines = [f"# Engine-style starts with and without jit_ahead ({report['date']})", "",
              f"`{report['command']}`; request seed {seed}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
              "", "| model | limits | arm | process s | ready s | planning s | variants | queued | executor compiles "
@@ -247,8 +253,7 @@ def report_lines(report: dict) -> list[str]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | error: {r['error'][-150:]!r} |" + " |" * 10)
             continue
-        bases = sorted(b["process_s"] for b in results if (b["model"], b["set"], b["arm"]) ==
-                       (r["model"], r["set"], "plain-warm") and "error" not in b)
+        bases = [b["process_s"] for b in runs_of(r["model"], r["set"], "plain-warm")]
         ratio = f"{r['process_s'] / statistics.median(bases):.3f}" if bases else ""
         lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | {r['process_s']} | {r['ready_s']} | "
                      f"{r.get('planning_s', '')} | {r.get('planned_variants', '')} | {r.get('queued', '')} | "
@@ -259,14 +264,12 @@ def report_lines(report: dict) -> list[str]:
     median = statistics.median
     for model in models:
         for set_name in sets:
-            warm = {arm: [r["process_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
-                          (model, set_name, arm) and "error" not in r] for arm in ("jit-warm", "plain-warm")}
+            warm = {arm: [r["process_s"] for r in runs_of(model, set_name, arm)] for arm in ("jit-warm", "plain-warm")}
             if len(warm["jit-warm"]) > 1 and len(warm["plain-warm"]) > 1:
                 lines.append(f"\n{model} {set_name}: warm start with jit_ahead / without, median process time of "
                              f"{len(warm['jit-warm'])} and {len(warm['plain-warm'])} interleaved runs: "
                              f"{median(warm['jit-warm']) / median(warm['plain-warm']):.3f}")
-            pairs = {arm: [r["serving_s"] for r in results if (r.get("model"), r.get("set"), r.get("arm")) ==
-                           (model, set_name, arm) and "error" not in r] for arm in ("busy-plain", "busy-jit")}
+            pairs = {arm: [r["serving_s"] for r in runs_of(model, set_name, arm)] for arm in ("busy-plain", "busy-jit")}
             if pairs["busy-plain"] and pairs["busy-jit"]:
                 lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
                              f"median of {len(pairs['busy-jit'])} interleaved pairs: "
@@ -280,11 +283,10 @@ def report_lines(report: dict) -> list[str]:
                       "", "| arm | runs | process | started | model build | ready after model | warmup | serving | exit |",
                       "|---|---|---|---|---|---|---|---|---|"]
             for arm in dict.fromkeys(r["arm"] for r in results):
-                runs = [r for r in results if (r.get("model"), r.get("set"), r.get("arm")) == (model, set_name, arm)
-                        and "error" not in r and "cuda_ready_s" in r]
+                runs = [r for r in runs_of(model, set_name, arm) if "cuda_ready_s" in r]
                 if not runs:
                     continue
-                mid = lambda f: f"{statistics.median(f(r) for r in runs):.2f}"  # noqa: E731
+                mid = lambda f: f"{median(f(r) for r in runs):.2f}"  # noqa: E731
                 lines.append(f"| {arm} | {len(runs)} | {mid(lambda r: r['process_s'])} | {mid(lambda r: r['started_s'])} | "
                              f"{mid(lambda r: r['model_built_s'] - r['cuda_ready_s'])} | "
                              f"{mid(lambda r: r['ready_s'] - r['model_built_s'])} | "
