@@ -107,8 +107,11 @@ class Session:
         providers = list(providers)
         view = device_view.current()  # read here: a planner forked from this process must not touch the GPU
 
+        from ..providers import meta_shortcuts
+
         def enter_planner() -> None:
             device_view.pin(view)
+            meta_shortcuts.install()  # a planner runs nothing of the server's: process-wide is safe
             for family in self.families.values():
                 family.enter_planner()
 

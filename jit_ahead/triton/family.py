@@ -21,7 +21,7 @@ from ..core.table import Ticket
 from . import autotune, cache_check, hook
 from .load import TritonExecutor
 from .plan import Capture, capture, reset_after_fork
-from .record import RecordedVariant, record_format
+from .record import RecordedVariant, compute_installation_key_in_background, record_format
 from .record import decode_for as decode_record_for
 from .record import encode as encode_record
 from .record import header as record_header
@@ -65,6 +65,7 @@ class TritonFamily:
 
     def start(self) -> None:
         self.pool.start()
+        compute_installation_key_in_background()
         if os.environ.get(RECORD_KNOB, "").strip():
             self._unrecorded = []
             self.executor.recorder = self._record

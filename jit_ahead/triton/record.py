@@ -10,10 +10,12 @@ since it was recorded rebuilds under a new hash, which its helper reports as a h
 from __future__ import annotations
 
 import sysconfig
+import threading
 from dataclasses import dataclass
 
 import triton
 
+from ..core.processes import fork_safe_lock
 from ..core.records import RecordFormat, is_dotted_name
 from .request import FAMILY, TritonCompileRequest
 from .variant_diff import is_specialization
@@ -25,10 +27,26 @@ def _cache_invalidating_env() -> list[list[str]]:
     return sorted([k, v] for k, v in get_cache_invalidating_env_vars().items())
 
 
-def header(target: tuple[str, int, int]) -> dict:
+_key_lock = fork_safe_lock()
+
+
+def installation_key() -> str:
+    """Triton's own ``triton_key()`` (a hash of its sources and libraries, memoized by Triton), computed
+    once: a caller arriving while another thread computes it waits for that result."""
     from triton.runtime.cache import triton_key
 
-    return {"triton": triton.__version__, "triton_key": triton_key(),
+    with _key_lock:
+        return triton_key()
+
+
+def compute_installation_key_in_background() -> None:
+    """Start computing ``installation_key()`` now, in a thread: it reads and hashes Triton's whole install
+    (mostly outside the GIL), and planning's first step, the plan key, needs it."""
+    threading.Thread(target=installation_key, name="jit_ahead-triton-key", daemon=True).start()
+
+
+def header(target: tuple[str, int, int]) -> dict:
+    return {"triton": triton.__version__, "triton_key": installation_key(),
             "python_abi": sysconfig.get_config_var("SOABI") or "", "target": list(target),
             "env": _cache_invalidating_env()}
 

@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -52,9 +53,10 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
     from jit_ahead.providers.model import ModelProvider
 
     name, _, path = model.partition("/")
+    # in an engine's order: the session starts, then the model is built, then planned
+    session = Session(triton={"workers": 0}).start()
     net = build(name)
     providers = [ModelProvider()] if path == "model-only" else None
-    session = Session(triton={"workers": 0}).start()
     tokens, batch, seq = limits
     graphs = tuple(b for b in (1, 2, 4, 8, 16) if b <= batch)
     before = os.times()
@@ -91,7 +93,7 @@ def main() -> int:
     if not args.out:
         parser.error("--out is required")
     runs = []
-
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     codes = {"this": None}
     if args.baseline:
         codes["baseline"] = os.path.abspath(args.baseline)
@@ -114,15 +116,22 @@ def main() -> int:
                         result = dict(launch(model, planners, plans, code), run=index)
                         runs.append(result)
                         print(json.dumps(result), flush=True)
+                        write_report(args.out, runs, codes, args, started)
                         if code == "this":
                             kept = plans
             read = dict(launch(model, args.planners.split(",")[-1], kept, "this"), run="saved plan read")
             runs.append(read)
             print(json.dumps(read), flush=True)
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tree": tree(),
-              "versions": versions(), "command": " ".join(sys.argv), "runs": runs}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "planning_wall.json"), "w") as f:
+    write_report(args.out, runs, codes, args, started, show=True)
+    return 0
+
+
+def write_report(out: str, runs: list, codes: dict, args, started: str, show: bool = False) -> None:
+    """The JSON and the table of the runs so far: written after each run, so that a run cut off by a
+    time limit still leaves what it measured."""
+    report = {"date": started, "tree": tree(), "versions": versions(), "command": " ".join(sys.argv), "runs": runs}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "planning_wall.json"), "w") as f:
         json.dump(report, f, indent=1)
     lines = [f"# Planning a whole model within {args.limits} (tokens, batch, sequence) ({report['date']}, "
              f"tree {report['tree']})", "",
@@ -138,21 +147,21 @@ def main() -> int:
         each = "-".join(map(str, r["planner_s"]))
         lines.append(f"| {r['model']} | {r['code']} | {r['planners']} | {r['run']} | {r['wall_s']} | {r['listing_s']} | "
                      f"{each} | {r['server_cpu_s']} | {r['planner_cpu_s']} | {r['launches']} | {r['variants']} |")
-    if args.baseline:
-        median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    if "baseline" in codes:
         for model in args.models.split(","):
             for planners in args.planners.split(","):
                 wall = {code: [r["wall_s"] for r in runs if r.get("code") == code and r["model"] == model
                                and r["planners"] == int(planners) and isinstance(r.get("run"), int)
                                and "error" not in r] for code in codes}
                 if wall["this"] and wall["baseline"]:
-                    lines.append(f"\n{model}, {planners} planners: wall this / baseline, median of "
-                                 f"{len(wall['this'])} and {len(wall['baseline'])}: "
-                                 f"{median(wall['this']) / median(wall['baseline']):.3f}")
-    with open(os.path.join(args.out, "planning_wall.md"), "w") as f:
+                    lines.append(f"\n{model}, {planners} planners: wall this / baseline, medians of "
+                                 f"{len(wall['this'])} and {len(wall['baseline'])} runs: "
+                                 f"{statistics.median(wall['this']):.2f} / {statistics.median(wall['baseline']):.2f} s "
+                                 f"= {statistics.median(wall['this']) / statistics.median(wall['baseline']):.3f}")
+    with open(os.path.join(out, "planning_wall.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    if show:
+        print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
