@@ -8,8 +8,9 @@ the right shape and dtype. ``install()`` replaces the two functions with version
 that in those cases and call torch's own function in every other one (other devices, strides, dtypes
 or arguments, autograd, tensor subclasses, or any torch function or dispatch mode active).
 
-Autocast never applies to meta tensors, so it changes neither. Only a planner process installs them (``Session.plan_model``'s planner entry): it is a fork of the
-server that runs nothing but planning, so no thread of the server ever calls the replacements.
+Autocast never applies to meta tensors, so it changes neither. Only a planner process installs them
+(``Session.plan_model``'s planner entry): it is a fork of the server that runs nothing but planning, so
+no thread of the server ever calls the replacements.
 tests/test_meta_shortcuts.py checks every shortcut result against torch's own, stride by stride.
 """
 from __future__ import annotations

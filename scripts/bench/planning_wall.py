@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Wall time of planning a whole model within engine limits, by planner count, and of reading it back.
 
-Each run is a fresh process: build the model on meta, start a session without helpers (planning only),
+Each run is a fresh process: start a session without helpers (planning only), build the model on meta,
 ``plan_model`` with no saved plan, wait for every launch to be enumerated. Reports wall seconds, the part
 before the first launch ran (plan key, probe forward, listing the launches), the shortest and longest
 planner, the CPU seconds of the server process and of its planners, launches and variants. Then one more process with the
