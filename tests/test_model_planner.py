@@ -9,6 +9,7 @@ from jit_ahead import demo_models
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.providers.base import Claims
 from jit_ahead.providers.builtin import builtin_providers
+from jit_ahead.providers.device_gates import meta_stands_for_the_gpu
 from jit_ahead.providers.meta import MetaCaller, meta_reads_answered
 from jit_ahead.providers.model import ModelProvider, ModelSite, decode_lengths
 from jit_ahead.triton import capture
@@ -63,8 +64,13 @@ def random_requests(limits, count, rng):
 
 
 def misses(model, planned, shapes):
-    """``test_providers.misses`` with each shape served by ``serve``."""
-    return provider_misses(planned, shapes, lambda *shape: serve(model, *shape))
+    """``test_providers.misses`` with each shape served by ``serve``; transformers' device gates take the
+    meta tensors as the GPU the model runs on (from transformers 5.25 they would take the torch path)."""
+    def served(*shape):
+        with meta_stands_for_the_gpu():
+            return serve(model, *shape)
+
+    return provider_misses(planned, shapes, served)
 
 
 MODELS = {

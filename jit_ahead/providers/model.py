@@ -45,6 +45,7 @@ import torch
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
 from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
+from .device_gates import meta_stands_for_the_gpu
 from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
 
 log = logging.getLogger("jit_ahead.providers.model")
@@ -119,7 +120,7 @@ class Forwards:
     def prefill(self, batch: int, tokens: int, mask: torch.Tensor | None = None, positions: bool = False):
         """One prefill without a cache; with a cache (when the model takes one), that cache."""
         extra = _extra(batch, tokens, mask, positions)
-        with meta_reads_answered():
+        with meta_reads_answered(), meta_stands_for_the_gpu():
             if self.calling.use_cache:
                 self.caller(input_ids=_ids(batch, tokens), use_cache=False, **extra)
                 return _cache_of(self.caller(input_ids=_ids(batch, tokens), use_cache=True, **extra))
@@ -130,7 +131,7 @@ class Forwards:
     def extend(self, cache, batch: int, tokens: int, mask: torch.Tensor | None = None, positions: bool = False):
         """``tokens`` more per row onto ``cache`` (a decode step when 1); the cache after."""
         extra = _extra(batch, tokens, mask, positions)
-        with meta_reads_answered():
+        with meta_reads_answered(), meta_stands_for_the_gpu():
             out = self.caller(input_ids=_ids(batch, tokens), use_cache=True, **{self.calling.cache_keyword: cache},
                               **extra)
         after = _cache_of(out)
