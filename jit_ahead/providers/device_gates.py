@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator
 
 from ..core.processes import fork_safe_lock
+from .thread_patch import set_in_this_thread
 
 _GATE = "supported_devices"  # the closure variable of transformers' wrapped functions
 _planning = threading.local()
@@ -32,7 +33,7 @@ class PlanningDevices:
         self.devices = devices
 
     def __contains__(self, device: object) -> bool:
-        return device in self.devices or (device == "meta" and getattr(_planning, "active", False))
+        return device in self.devices or (device == "meta" and bool(getattr(_planning, "active", None)))
 
     def __iter__(self):
         return iter(self.devices)
@@ -102,9 +103,5 @@ def open_gates() -> int:
 def meta_stands_for_the_gpu() -> Iterator[None]:
     """In this thread, transformers' gated functions take meta inputs as they take GPU ones."""
     open_gates()
-    before = getattr(_planning, "active", False)
-    _planning.active = True
-    try:
+    with set_in_this_thread(_planning, "active", True):
         yield
-    finally:
-        _planning.active = before

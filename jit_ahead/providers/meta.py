@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core.processes import fork_safe_lock
-from .thread_patch import patched_in_this_thread
+from .thread_patch import patched_in_this_thread, set_in_this_thread
 
 
 def meta_replica(module: torch.nn.Module, copies: dict[int, torch.nn.Module] | None = None) -> torch.nn.Module:
@@ -401,9 +401,5 @@ def meta_reads_answered(value: int = 1) -> Iterator[None]:
         with MetaScalars(value):
             yield
         return
-    before = getattr(_reads, "value", None)
-    _reads.value = value
-    try:
+    with set_in_this_thread(_reads, "value", value):
         yield
-    finally:
-        _reads.value = before

@@ -1,4 +1,4 @@
-"""Wrapping a library function for the calling thread only.
+"""Wrapping a library function, or setting a value, for the calling thread only.
 
 Providers learn what a model calls by wrapping a library function for the length of one probe forward
 (Liger's ``rope_forward``, ``torch.autograd.Function.apply``). Models are planned in threads of their
@@ -104,3 +104,15 @@ def _forget_other_threads() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_other_threads)
+
+
+@contextlib.contextmanager
+def set_in_this_thread(local: threading.local, name: str, value: Any) -> Iterator[None]:
+    """Within the block, ``local.name`` is ``value`` in this thread; afterwards it is what it was (absent
+    reads as None), so blocks nest."""
+    before = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, before)
