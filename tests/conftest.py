@@ -47,6 +47,23 @@ def session_factory():
         session.close()
 
 
+@pytest.fixture(scope="module")
+def planning_session(tmp_path_factory):
+    """One session for a test module's plans, planning only (no helper builds anything), with two
+    planner processes and its own plan folder."""
+    saved = {k: os.environ.get(k) for k in ("JIT_AHEAD_PLAN_DIR", "JIT_AHEAD_PLANNERS")}
+    os.environ["JIT_AHEAD_PLAN_DIR"] = str(tmp_path_factory.mktemp("plans"))
+    os.environ["JIT_AHEAD_PLANNERS"] = "2"
+    session = Session(triton={"workers": 0}).start()
+    yield session
+    session.close()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def run_consumer(scenario: str, cache_dir: Path) -> list[dict]:
     """Run tests/consumer.py in a fresh interpreter on ``cache_dir``; return Triton's compile() events."""
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)

@@ -12,7 +12,6 @@ import torch
 
 from jit_ahead import demo_models
 from jit_ahead.core.limits import EngineLimits
-from jit_ahead.core.session import Session
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
 from jit_ahead.providers.liger import LigerProvider
 from jit_ahead.triton import capture
@@ -43,25 +42,9 @@ def gated_deltanet(hidden: int, heads: int, head_dim: int, expand_v: float, devi
         return GatedDeltaNetForCausalLM(config).to(torch.bfloat16).eval()
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    import os
-
-    saved = {k: os.environ.get(k) for k in ("JIT_AHEAD_PLAN_DIR", "JIT_AHEAD_PLANNERS")}
-    os.environ["JIT_AHEAD_PLAN_DIR"] = str(tmp_path_factory.mktemp("plans"))
-    os.environ["JIT_AHEAD_PLANNERS"] = "2"
-    session = Session(triton={"workers": 0}).start()  # planning only: nothing is built here
-    yield session
-    session.close()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def planned(session, model, limits, provider) -> set[str]:
-    run = session.plan_model(model, limits, [provider])
+def planned(session, model, limits, providers=None) -> set[str]:
+    """The variants the session plans for ``model`` (with ``providers``, default: the built-in ones)."""
+    run = session.plan_model(model, limits, providers)
     assert run.wait(1800) and not run.errors, run.errors
     return {r.predicted_hash for r in run.requests}
 
@@ -91,10 +74,10 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_liger_plans_every_variant_of_random_real_calls_at_large_limits(session, name):
+def test_liger_plans_every_variant_of_random_real_calls_at_large_limits(planning_session, name):
     make, limits = CONFIGS[name]
     model = make()
-    keys = planned(session, model, limits, LigerProvider())
+    keys = planned(planning_session, model, limits, [LigerProvider()])
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     for batch, prompt in shapes(limits, 24, rng):
@@ -111,13 +94,13 @@ FLA_CONFIGS = {
 
 
 @pytest.mark.parametrize("name", list(FLA_CONFIGS))
-def test_fla_plans_every_variant_of_random_real_calls_at_large_limits(session, name):
+def test_fla_plans_every_variant_of_random_real_calls_at_large_limits(planning_session, name):
     settings, limits = FLA_CONFIGS[name]
     model = gated_deltanet(*settings)
     # padded batches run on the CPU: fla unpads with the real mask (nonzero, offsets, chunk indices),
     # which meta tensors cannot hold; the launches are captured there as on meta
     on_cpu = gated_deltanet(*settings, device="cpu")
-    keys = planned(session, model, limits, FlaGatedDeltaNetProvider())
+    keys = planned(planning_session, model, limits, [FlaGatedDeltaNetProvider()])
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     for i, (batch, prompt) in enumerate(shapes(limits, 15, rng)):
@@ -131,11 +114,11 @@ def test_fla_plans_every_variant_of_random_real_calls_at_large_limits(session, n
         assert not missed, f"seed {seed}: batch {batch}, prompt {prompt}, lengths {lengths}: {missed}"
 
 
-def test_value_derived_constexprs_are_reached_at_large_limits(session):
+def test_value_derived_constexprs_are_reached_at_large_limits(planning_session):
     # fla's layer norm picks NB = cdiv(rows, 2048): 1..4 within 8192 tokens, a constexpr of its kernel
     import json
 
-    run = session.plan_model(gated_deltanet(512, 4, 64, 2.0), ENGINE, [FlaGatedDeltaNetProvider()])
+    run = planning_session.plan_model(gated_deltanet(512, 4, 64, 2.0), ENGINE, [FlaGatedDeltaNetProvider()])
     assert run.wait(1800)
     nb = set()
     for request in run.requests:
