@@ -119,5 +119,6 @@ def _serving_by_time(session, warmup_s: float) -> None:
     log = logging.getLogger("jit_ahead.autostart")
     if session.phase != "serving":
         log.info("jit_ahead: %.0fs since start and no engine marked serving: serving starts now "
-                 "(JIT_AHEAD_WARMUP_S)", warmup_s)
-        session.mark_serving()
+                 "(JIT_AHEAD_WARMUP_S); no tune-ahead: from this timer thread it would benchmark beside the "
+                 "server's own launches (an engine calling mark_serving() after its warmup gets it)", warmup_s)
+        session.mark_serving(tune_ahead=False)

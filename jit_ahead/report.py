@@ -32,6 +32,8 @@ class KernelRow:
     compiles: dict = field(default_factory=lambda: {"startup": [0, 0.0], "serving": [0, 0.0]})
     unused: int = 0
     planners: set = field(default_factory=set)  # the providers (or "model", the model planner) that planned it
+    tuned_ahead: int = 0  # tuning keys its autotuner benchmarked in tune-ahead
+    tune_left: int = 0  # tuning keys tune-ahead left to the first launch
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Coverage:
     spans: list[dict]  # lane, start, end, kind, label (seconds since the first event)
     serving_at: float | None
     bad_lines: int
+    tune_ahead: list[dict] = field(default_factory=list)  # each tune_ahead event's counts and reasons
 
 
 class NotAStatsLog(ValueError):
@@ -88,7 +91,7 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
             kernel_of.setdefault(e["key"], e["kernel"])
     built, loaded = set(), set()
     starts: dict[tuple, float] = {}
-    spans, unplanned, serving_at = [], [], None
+    spans, unplanned, serving_at, tuned = [], [], None, []
 
     def kernel(e: dict) -> str:
         return kernel_of.get(e.get("key"), e.get("kernel") or "?")
@@ -98,6 +101,15 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
         name = e["event"]
         if name == "phase" and e.get("phase") == "serving" and serving_at is None:
             serving_at = t
+        elif name == "tune_ahead":
+            tuned.append(e)
+            for full, (done, left) in (e.get("kernels") or {}).items():
+                row = rows[full]
+                row.tuned_ahead += done
+                row.tune_left += left
+            if e.get("seconds"):
+                spans.append({"lane": "executor", "start": t - e["seconds"], "end": t, "kind": "tune",
+                              "label": f"tune-ahead: {e.get('tuned_ahead', 0)} tuning keys"})
         elif name in _START_SPANS and e.get("seconds"):
             kind, label = _START_SPANS[name]
             spans.append({"lane": e.get("helper", "?"), "start": t - e["seconds"], "end": t, "kind": kind,
@@ -146,7 +158,7 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
     for key in built - loaded:
         rows[kernel_of.get(key, "?")].unused += 1
     _planned_by(events, rows)
-    return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines)
+    return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines, tuned)
 
 
 def _planned_by(events: list[dict], rows: dict[str, KernelRow]) -> None:
@@ -177,13 +189,14 @@ def _count_cute_miss(row: KernelRow, e: dict, loaded: set, planned_keys: set, sp
 
 
 HEADER = ("kernel", "planned by", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",
-          "warmup s", "compiles serving", "serving s", "never used")
+          "warmup s", "compiles serving", "serving s", "never used", "tuned ahead", "tune left")
 
 
 def _cells(name: str, row: KernelRow) -> list[str]:
     (cw, sw), (cs, ss) = row.compiles["startup"], row.compiles["serving"]
     return [name, ",".join(sorted(row.planners)) or "-", str(row.planned), str(row.built_ahead), str(row.build_failed), str(row.loaded), str(row.waits),
-            f"{row.waited_s:.2f}", str(cw), f"{sw:.2f}", str(cs), f"{ss:.2f}", str(row.unused)]
+            f"{row.waited_s:.2f}", str(cw), f"{sw:.2f}", str(cs), f"{ss:.2f}", str(row.unused), str(row.tuned_ahead),
+            str(row.tune_left)]
 
 
 def text(coverage: Coverage) -> str:
@@ -194,6 +207,11 @@ def text(coverage: Coverage) -> str:
     serving = sum(r.compiles["serving"][0] for r in coverage.kernels.values())
     lines.append("")
     lines.append(f"executor compiles after serving started: {serving}")
+    for e in coverage.tune_ahead:
+        why = "; ".join(f"{n} {reason}" for reason, n in (e.get("left_why") or {}).items())
+        lines.append(f"tune-ahead: {e.get('tuned_ahead', 0)} tuning keys benchmarked in {e.get('seconds', 0)} s, "
+                     f"{e.get('chosen_already', 0)} chosen already, {e.get('left', 0)} left to their first launch"
+                     + (f" ({why})" if why else ""))
     for item in coverage.unplanned:
         lines.append(f"unplanned ({item['phase']}, {item['outcome']}): {item['label']}")
         for diff in item["differences"]:
@@ -202,7 +220,7 @@ def text(coverage: Coverage) -> str:
 
 
 COLORS = {"starting": "#b0b0b0", "preload": "#a9cce3", "build": "#4c9a2a", "failed": "#c0392b",
-          "compile": "#e67e22", "wait": "#2980b9"}
+          "compile": "#e67e22", "wait": "#2980b9", "tune": "#8e44ad"}
 
 
 def timeline_svg(coverage: Coverage, width: int = 1100) -> str:

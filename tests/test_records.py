@@ -186,6 +186,19 @@ def test_a_record_with_another_header_is_ignored_with_one_line(tmp_path, caplog)
     assert any("does not match" in m and "target: ['cuda', 100, 32] here ['cuda', 90, 32]" in m for m in messages)
 
 
+def test_autotune_choices_made_on_another_gpu_model_are_not_read(tmp_path, caplog):
+    # timings from one GPU model say nothing about another: the header names the GPU
+    from jit_ahead.triton import autotune
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    choice = autotune.TuningChoice("tests.kernels.basic", "stored_tuning_kernel", "source", (4096, "torch.float32"),
+                                   ("BLOCK: 128", "BLOCK: 256"), "BLOCK: 256")
+    RecordFolder(tmp_path, autotune.record_format(TARGET, "NVIDIA H200"), rank="rank0").add([choice])
+    assert RecordFolder(tmp_path, autotune.record_format(TARGET, "NVIDIA A100-SXM4-80GB")).read() == []
+    assert "does not match" in caplog.text and "NVIDIA A100-SXM4-80GB" in caplog.text
+    assert RecordFolder(tmp_path, autotune.record_format(TARGET, "NVIDIA H200")).read() == [choice]
+
+
 def test_entries_naming_no_importable_kernel_are_refused(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     fmt = record_format(TARGET)

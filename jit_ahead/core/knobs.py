@@ -200,6 +200,19 @@ def model_planner_enabled() -> bool:
     return env_choice("JIT_AHEAD_MODEL_PLANNER", ("on", "off"), "on") == "on"
 
 
+def tune_ahead_enabled() -> bool:
+    """``JIT_AHEAD_TUNE_AHEAD`` (1|0, default 1): at ``mark_serving``, benchmark on the GPU every tuning key
+    planning met that has no choice yet, so that no autotuner benchmarks while serving."""
+    return env_choice("JIT_AHEAD_TUNE_AHEAD", ("1", "0", "on", "off"), "1") in ("1", "on")
+
+
+def tune_ahead_budget_bytes(free_bytes: int) -> int:
+    """``JIT_AHEAD_TUNE_AHEAD_MEMORY_MB``: the most GPU memory one tuning task's tensors may take
+    (default: a sixteenth of the memory free when tuning starts)."""
+    megabytes = env_int("JIT_AHEAD_TUNE_AHEAD_MEMORY_MB", -1, minimum=0, maximum=1 << 24)
+    return free_bytes // 16 if megabytes < 0 else megabytes << 20
+
+
 def engine_limits():
     """The limits the ``JIT_AHEAD=1`` path plans models within: ``JIT_AHEAD_MAX_NUM_TOKENS`` (default
     8192), ``JIT_AHEAD_MAX_BATCH_SIZE`` (16), ``JIT_AHEAD_MAX_SEQ_LEN`` (4096) and

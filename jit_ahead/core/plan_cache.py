@@ -216,6 +216,7 @@ class SavedPlan:
 
     requests: dict = field(default_factory=dict)  # family -> [(priority name, request)]
     groups: dict = field(default_factory=dict)  # family -> [[variant key, ...], ...]
+    tuning: dict = field(default_factory=dict)  # family -> [(priority, tuning task)], for tune-ahead
     launches: int = 0
     seconds: float = 0.0
     errors: list = field(default_factory=list)
@@ -282,6 +283,7 @@ class PlanStore:
                         entries.append((Priority[priority], request))
                 plan.requests[name] = entries
                 plan.groups[name] = [tuple(map(str, g)) for g in body.get("groups", [])]
+                plan.tuning[name] = [(Priority[p], family.tuning_decode(t)) for p, t in body.get("tuning", [])]
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             log.error("saved plan %s is unusable (%s: %s); planning again", path, type(exc).__name__, exc)
             return None
@@ -297,7 +299,8 @@ class PlanStore:
             for name, entries in plan.requests.items():
                 family = families[name]
                 body = {"family": name, "entries": [[p.name, family.plan_encode(r)] for p, r in entries],
-                        "groups": [list(g) for g in plan.groups.get(name, [])]}
+                        "groups": [list(g) for g in plan.groups.get(name, [])],
+                        "tuning": [[p.name, family.tuning_encode(t)] for p, t in plan.tuning.get(name, [])]}
                 lines.append(json.dumps(body, sort_keys=True))
         except (TypeError, ValueError) as exc:  # a request its family cannot write down
             log.warning("the plan cannot be saved (%s: %s); the next start plans again", type(exc).__name__, exc)

@@ -83,6 +83,7 @@ class Found:
     requests: tuple
     groups: tuple = ()  # autotune groups (Triton: the variants one autotuned launch benchmarks)
     failures: tuple[Failure, ...] = ()
+    tuning: tuple = ()  # tuning tasks (Triton: an autotuner at a tuning key, for tune-ahead)
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,9 @@ class Sink(ABC):
     """What the planning thread does with results; called on that thread only."""
 
     @abstractmethod
-    def found(self, group: int, requests: list, autotune_groups: list) -> None:
-        """Requests (and autotune groups) captured by launches of ``group``, in first-seen order."""
+    def found(self, group: int, requests: list, autotune_groups: list, tuning: list = ()) -> None:
+        """Requests (and autotune groups, and tuning tasks) captured by launches of ``group``, in
+        first-seen order."""
 
     @abstractmethod
     def group_done(self, group: int) -> None:
@@ -211,29 +213,32 @@ class _Captures:
     def __init__(self, families: dict, stack: contextlib.ExitStack) -> None:
         self._families = families
         self._stack = stack
-        self._open: dict[str, list] = {}  # family -> [capture, requests sent, autotune groups sent]
+        self._open: dict[str, list] = {}  # family -> [capture, requests, autotune groups, tuning tasks sent]
 
     def open(self, family: str) -> None:
         if family not in self._open:
-            self._open[family] = [self._stack.enter_context(self._families[family].capture()), 0, 0]
+            self._open[family] = [self._stack.enter_context(self._families[family].capture()), 0, 0, 0]
 
-    def fresh(self, family: str) -> tuple[list, list]:
-        """Requests and autotune groups captured since the last call (captures keep first-seen order)."""
+    def fresh(self, family: str) -> tuple[list, list, list]:
+        """Requests, autotune groups and tuning tasks captured since the last call (captures keep
+        first-seen order)."""
         entry = self._open.get(family)
         if entry is None:
-            return [], []
-        plan, sent, sent_groups = entry
+            return [], [], []
+        plan, sent, sent_groups, sent_tuning = entry
         requests = plan.requests[sent:]
         groups = list(getattr(plan, "autotune_groups", ()))[sent_groups:]
+        tuning = list(getattr(plan, "tuning_tasks", ()))[sent_tuning:]
         entry[1] += len(requests)
         entry[2] += len(groups)
-        return requests, groups
+        entry[3] += len(tuning)
+        return requests, groups, tuning
 
 
 class _Runner:
     """Runs ranges of launches in this process, one capture per family for its whole life (repeated shapes
     hit each capture's in-memory cache), and reports what they found through
-    ``found(group, requests, autotune_groups, failures)`` at least every SEND_EVERY_S and at the end of
+    ``found(group, requests, autotune_groups, failures, tuning)`` at least every SEND_EVERY_S and at the end of
     each range."""
 
     def __init__(self, groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict,
@@ -280,16 +285,16 @@ class _Runner:
             self._send(group, family, failures)
 
     def _send(self, group: int, family: str, failures: dict) -> None:
-        requests, autotune_groups = self._captures.fresh(family)
-        if requests or autotune_groups or failures:
-            self._found(group, requests, autotune_groups, list(failures.values()))
+        requests, autotune_groups, tuning = self._captures.fresh(family)
+        if requests or autotune_groups or failures or tuning:
+            self._found(group, requests, autotune_groups, list(failures.values()), tuning)
             failures.clear()
 
 
-def _deliver(sink: Sink, group: int, requests, autotune_groups, failures) -> None:
+def _deliver(sink: Sink, group: int, requests, autotune_groups, failures, tuning=()) -> None:
     """What launches of ``group`` found (here, or in a planner's Found message), handed to the sink."""
-    if requests or autotune_groups:
-        sink.found(group, list(requests), list(autotune_groups))
+    if requests or autotune_groups or tuning:
+        sink.found(group, list(requests), list(autotune_groups), list(tuning))
     for failure in failures:
         sink.failed(failure)
 
@@ -424,8 +429,8 @@ def _planner_main(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], famili
     t0 = time.perf_counter()
     out = os.fdopen(out_fd, "wb", buffering=0)
 
-    def found(group, requests, autotune_groups, failures):
-        write_message(out, Found(group, tuple(requests), tuple(autotune_groups), tuple(failures)))
+    def found(group, requests, autotune_groups, failures, tuning):
+        write_message(out, Found(group, tuple(requests), tuple(autotune_groups), tuple(failures), tuple(tuning)))
 
     enter()
     runner = _Runner(groups, chunks, families, found)
@@ -592,7 +597,7 @@ class ForkedPlanners:
             message = None
         slot.last_news = time.monotonic()
         if isinstance(message, Found):
-            _deliver(self._sink, message.group, message.requests, message.groups, message.failures)
+            _deliver(self._sink, message.group, message.requests, message.groups, message.failures, message.tuning)
         elif isinstance(message, RangeDone):
             self._book.done(Range(message.chunk, message.first, message.last))
         elif isinstance(message, Finished):

@@ -206,6 +206,8 @@ class PlanningRun(Sink):
         for name, entries in saved.requests.items():
             family = self._families[name]
             family.note_groups(saved.groups.get(name, []))
+            for priority, task in saved.tuning.get(name, []):
+                family.note_tuning([task], priority)
             for priority in sorted({p for p, _ in entries}):
                 requests = [r for p, r in entries if p == priority]
                 self._seen.update((r, (priority, name)) for r in requests)
@@ -300,11 +302,15 @@ class PlanningRun(Sink):
                 event.set()
 
     # -- the sink: what planners report, handled on the planning thread --------------------------------------
-    def found(self, group: int, requests: list, autotune_groups: list) -> None:
+    def found(self, group: int, requests: list, autotune_groups: list, tuning: list = ()) -> None:
         launch_group = self._groups[group]
         family = self._families[launch_group.family]
         if autotune_groups:
             family.note_groups(autotune_groups)
+        if tuning:
+            family.note_tuning(tuning, launch_group.priority)
+            self._result.tuning.setdefault(launch_group.family, []).extend(
+                (launch_group.priority, task) for task in tuning)
         priority = launch_group.priority
         # New variants, and variants another planner found first for a later priority (planners run the
         # groups side by side): those are raised, and counted where they are needed first.

@@ -169,11 +169,32 @@ class Session:
         """``callback()`` runs once when serving starts (e.g. to cancel a fallback timer)."""
         self._serving_listeners.append(callback)
 
-    def mark_serving(self) -> None:
+    def tune_ahead(self, budget_bytes: int | None = None) -> dict:
+        """Run, on this process's GPU, the autotuners' benchmarks for every tuning key planning met that has
+        no choice yet, so that none benchmarks while serving (each family's ``tune_ahead``; the Triton one:
+        ``jit_ahead/triton/tune_ahead.py``). ``budget_bytes``: the most GPU memory one key's inputs may take
+        (default ``JIT_AHEAD_TUNE_AHEAD_MEMORY_MB``, else a sixteenth of free memory). Returns what each
+        family tuned and left, by reason. Never raises for a kernel: what fails is left to its first launch."""
+        done = {}
+        for name, family in self.families.items():
+            try:
+                summary = family.tune_ahead(budget_bytes)
+            except Exception:  # tune-ahead must never stop a start
+                log.exception("jit_ahead: tune-ahead of %s failed; its autotuners tune at their first launch", name)
+                continue
+            if summary:
+                done[name] = summary
+        return done
+
+    def mark_serving(self, tune_ahead: bool = True) -> None:
         """The engine finished warmup: from here on, a compile on the executor is a miss to report, and
-        helpers exit once their queue is empty. Calling it again does nothing."""
+        helpers exit once their queue is empty. Before that, in the calling thread, with ``tune_ahead`` and
+        ``JIT_AHEAD_TUNE_AHEAD`` on (default), the autotuners' benchmarks for every tuning key planned so far
+        run (``tune_ahead``). Calling it again does nothing."""
         if self.stats.phase == "serving":
             return
+        if tune_ahead and knobs.tune_ahead_enabled():
+            self.tune_ahead()
         for callback in self._serving_listeners:
             callback()
         self.stats.phase = "serving"

@@ -86,6 +86,19 @@ class CuteFamily:
     def note_groups(self, groups) -> None:
         """CuTe captures have no autotune groups."""
 
+    def note_tuning(self, tasks, priority) -> None:
+        """CuTe captures have no tuning tasks."""
+
+    def tuning_encode(self, task) -> dict:
+        raise TypeError("CuTe captures have no tuning tasks")
+
+    def tuning_decode(self, entry: dict):
+        raise TypeError("CuTe captures have no tuning tasks")
+
+    def tune_ahead(self, budget_bytes: int | None = None) -> dict:
+        """Nothing to tune ahead: CuTe DSL kernels have no autotuner."""
+        return {}
+
     # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
     def plan_header(self) -> dict:
         return record_header(self.arch)

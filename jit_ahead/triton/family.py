@@ -18,7 +18,7 @@ from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
-from . import autotune, cache_check, hook
+from . import autotune, cache_check, hook, tuning
 from .load import TritonExecutor
 from .plan import Capture, capture, reset_after_fork
 from .record import RecordedVariant, compute_installation_key_in_background, record_format
@@ -58,6 +58,8 @@ class TritonFamily:
         self._unrecorded: list[tuple[str, object]] | None = None
         self._replay_thread: threading.Thread | None = None
         self._plan_decoder = None
+        self.stats = stats
+        self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
 
     @property
     def device_view(self) -> device_view.DeviceView:
@@ -98,12 +100,56 @@ class TritonFamily:
         """Variants an autotuner benchmarks together, found by a planner (Capture.autotune_groups)."""
         self.executor.note_autotune_groups(groups)
 
+    def note_tuning(self, tasks, priority) -> None:
+        """Tuning tasks a planner met (Capture.tuning_tasks); kept in priority order, then first seen."""
+        with self._records_lock:
+            for task in tasks:
+                if task.identity not in self._tuning:
+                    self._tuning[task.identity] = (int(priority), len(self._tuning), task)
+
+    @property
+    def tuning_tasks(self) -> list:
+        with self._records_lock:
+            return [task for _, _, task in sorted(self._tuning.values(), key=lambda e: e[:2])]
+
+    def tune_ahead(self, budget_bytes: int | None = None, device=None) -> dict:
+        """Benchmark every tuning key planning met that has no choice yet (``tune_ahead.py``), on this
+        process's current GPU (``device``: another torch device, for tests on the stand-in driver);
+        returns the summary, also emitted as the ``tune_ahead`` event."""
+        tasks = self.tuning_tasks
+        if not tasks:
+            return {}
+        import torch
+
+        from . import tune_ahead
+
+        if device is None:
+            if not torch.cuda.is_available():
+                log.info("triton: tune-ahead skipped (%d tuning keys): no GPU in this process", len(tasks))
+                return {"tuned_ahead": 0, "left": len(tasks), "left_why": {"no GPU in this process": len(tasks)}}
+            device = torch.device("cuda", torch.cuda.current_device())
+        if budget_bytes is None:
+            free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 1 << 30
+            budget_bytes = core_knobs.tune_ahead_budget_bytes(free)
+        result = tune_ahead.tune(tasks, device, budget_bytes)
+        summary = result.summary()
+        self.stats.emit("tune_ahead", **summary)
+        for left in result.left:
+            log.info("triton: %s not tuned ahead: %s; its first launch tunes it", left.task.label, left.why)
+        return summary
+
     # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
     def plan_header(self) -> dict:
         return record_header(self.device_view.triton_target)
 
     def plan_encode(self, request: TritonCompileRequest) -> dict:
         return encode_record(RecordedVariant(request))
+
+    def tuning_encode(self, task) -> dict:
+        return tuning.encode_task(task)
+
+    def tuning_decode(self, entry: dict):
+        return tuning.decode_task(entry)
 
     def plan_decode(self, entry: dict) -> TritonCompileRequest:
         if self._plan_decoder is None:

@@ -29,7 +29,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
 from ..core.processes import fork_safe_lock
-from . import autotune, hook
+from . import autotune, hook, tuning
 from .request import TritonCompileRequest
 from .spec import decode_options, on_disk, predict_hash, target_tuple
 from .standin import ensure_driver
@@ -102,6 +102,7 @@ class Capture:
         # one specialization repeats the same group
         self._autotune_groups: dict[tuple[str, ...], None] = {}
         self.autotune_repeats = 0  # autotuned launches skipped as repeats of those
+        self._tuning: dict[tuple, tuning.TuningTask] = {}  # (autotuner, tuning key) -> first task met
         self.launches = 0
         self.seconds = 0.0
 
@@ -130,6 +131,31 @@ class Capture:
     def add_autotune_group(self, keys: list[str]) -> None:
         with self._lock:
             self._autotune_groups.setdefault(tuple(dict.fromkeys(keys)), None)
+
+    def add_tuning(self, autotuner, key: tuple, make) -> None:
+        """The tuning task ``make()`` of ``autotuner`` at ``key``, unless this capture met that key already."""
+        try:
+            ident = (id(autotuner), key)
+            hash(ident)
+        except TypeError:  # a tuning key Triton's own cache could not hold either
+            return
+        with self._lock:
+            if ident in self._tuning:
+                return
+            self._tuning[ident] = None  # claimed: a concurrent launch of the same key does not make it again
+        task = make()
+        with self._lock:
+            if task is None:
+                del self._tuning[ident]
+            else:
+                self._tuning[ident] = task
+
+    @property
+    def tuning_tasks(self) -> list[tuning.TuningTask]:
+        """Every (autotuner, tuning key) met that has no choice yet, first-seen order: what tune-ahead
+        benchmarks on the GPU before serving."""
+        with self._lock:
+            return [t for t in self._tuning.values() if t is not None]
 
     @property
     def autotune_groups(self) -> list[tuple[str, ...]]:
@@ -199,8 +225,10 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     if plan is None:
         return _original_autotuner_run(self, *args, **kwargs)
     fixed = _fixed_configs_key(self, plan.device, args, kwargs)
-    if fixed is not None and plan.seen_autotune(fixed):
-        return None
+    if fixed is not None:  # no pruning: every config is benchmarked, at every tuning key
+        _note_tuning(plan, self, args, kwargs, self.configs)
+        if plan.seen_autotune(fixed):
+            return None
     probe = copy.copy(self)  # Triton's own run() on a private copy whose cache answers from the real one
     probe.cache = _ChoicesOf(self.cache)
     try:
@@ -214,6 +242,8 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     # recorded choices answer only where Triton's check_disk_cache would be asked
     known = autotune.KNOWN.config_for(self, tuning_key, pruned) if self.cache_results else None
     configs = pruned if known is None else [known]
+    if known is None and fixed is None:
+        _note_tuning(plan, self, args, kwargs, pruned)
     repeat = _repeat_key(self, plan.device, tuning_key, configs, args, kwargs)
     if repeat is not None and plan.seen_autotune(repeat):
         return None
@@ -231,6 +261,14 @@ def _capturing_autotuner_run(self, *args, **kwargs):
     if fixed is not None:
         plan.add_autotune(fixed)
     return None
+
+
+def _note_tuning(plan: Capture, autotuner: Autotuner, args: tuple, kwargs: dict, configs: list) -> None:
+    """A tuning task for an autotuned launch that would benchmark (more than one config to choose from)."""
+    if len(configs) < 2:
+        return
+    key = tuning.tuning_key(autotuner, args, kwargs)
+    plan.add_tuning(autotuner, key, lambda: tuning.task_of(autotuner, args, kwargs, configs, key))
 
 
 def _fixed_configs_key(autotuner: Autotuner, device: int, args: tuple, kwargs: dict):

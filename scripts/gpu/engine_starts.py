@@ -186,9 +186,11 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     demo_models.warmup(model, limits, "cuda")
     torch.cuda.synchronize()
     t_warm = time.perf_counter() - T0
-    counter.phase = tuning.phase = host.phase = "serving"
     if session is not None:
-        session.mark_serving()
+        session.mark_serving()  # with JIT_AHEAD_TUNE_AHEAD on (default) the tune-ahead runs here, in warmup
+        torch.cuda.synchronize()
+    t_tuned = time.perf_counter() - T0
+    counter.phase = tuning.phase = host.phase = "serving"
     latencies, shapes = [], request_mix(SETS[set_name], seed)
     for i, (batch, prompt, new_tokens, padded) in enumerate(shapes):
         lengths = demo_models.prompt_lengths(batch, prompt, seed=seed + i) if padded else None
@@ -200,7 +202,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     worst = max(range(len(latencies)), key=latencies.__getitem__)
     result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "started_s": round(t_started, 2),
               "cuda_ready_s": round(t_cuda, 2), "model_built_s": round(t_model, 2),
-              "ready_s": round(t_ready, 2), "warmup_end_s": round(t_warm, 2), "end_s": round(t_end, 2),
+              "ready_s": round(t_ready, 2), "warmup_end_s": round(t_warm, 2), "tune_ahead_s": round(t_tuned - t_warm, 2),
+              "end_s": round(t_end, 2),
               "serving_s": round(sum(latencies), 3), "worst_request_s": round(latencies[worst], 3),
               "worst_request": list(shapes[worst]), "median_request_s": round(sorted(latencies)[len(latencies) // 2], 4),
               "executor_compiles_warmup": len(counter.compiled["warmup"]),
@@ -208,6 +211,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
               "serving_compiled": sorted(set(counter.compiled["serving"])),
               "autotune_runs_warmup": tuning.runs["warmup"], "autotune_runs_serving": tuning.runs["serving"],
               "host_builds_warmup": host.builds["warmup"], "host_builds_serving": host.builds["serving"]}
+    result["choices"] = autotune_choices()
     if profile_top is not None:
         result["start_profile"] = profile_top
     if arm == "busy-jit":  # was the background work still going when serving ended?
@@ -220,6 +224,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         first_queued = min((e["time"] for e in events if e["event"] == "queued"), default=None)
         helper_builds = sorted(e["time"] for e in events if e["event"] == "build_finish" and e.get("helper") != "executor")
         started = next((e["time"] for e in events if e["event"] == "forkserver_ready"), None)
+        tuned = next((e for e in events if e["event"] == "tune_ahead"), None)
+        result["tune_ahead"] = None if tuned is None else {
+            k: v for k, v in tuned.items() if k in ("tuned_ahead", "chosen_already", "left", "seconds", "left_why")}
         result.update(ready=ready, planned_variants=sum(run.variants.values()), planning_s=round(run.seconds, 2),
                       launches=run.launches, saved_plan=bool(run.saved_plan),
                       plan_loaded=any(e["event"] == "plan_loaded" for e in events),
@@ -230,6 +237,50 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
                       helpers=session.triton.pool.workers)
         session.close()
     return result
+
+
+def autotune_choices() -> dict:
+    """Every choice the kernel libraries' autotuners hold at the end of an arm: "module.kernel key" -> config,
+    to compare the choices made ahead (zero-filled inputs) with those made on the requests' own data."""
+    from triton.runtime.autotuner import Autotuner
+
+    choices = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("fla.", "liger_kernel.")):
+            continue
+        for value in list(vars(module).values()):
+            for _ in range(4):
+                if isinstance(value, Autotuner):
+                    for key, config in list(value.cache.items()):
+                        choices[f"{name}.{value.base_fn.__name__} {list(key)}"] = str(config)
+                    break
+                value = getattr(value, "fn", None)
+    return choices
+
+
+def choice_agreement(report: dict) -> list[str]:
+    """Per model and set: the keys both jit-cold and plain-cold chose for, and how many agree."""
+    lines = []
+    for r in report["results"]:
+        if r.get("arm") != "jit-cold" or "choices" not in r:
+            continue
+        plain = next((p for p in report["results"] if p.get("arm") == "plain-cold" and p["model"] == r["model"]
+                      and p["set"] == r["set"] and "choices" in p), None)
+        if plain is None:
+            continue
+        both = sorted(set(r["choices"]) & set(plain["choices"]))
+        differ = [k for k in both if r["choices"][k] != plain["choices"][k]]
+        lines.append(f"{r['model']} {r['set']}: {len(both)} tuning keys chosen in both jit-cold (ahead) and plain-cold "
+                     f"(on the requests' data); {len(both) - len(differ)} agree, {len(differ)} differ"
+                     + (": " + "; ".join(f"{k}: {r['choices'][k]} / {plain['choices'][k]}" for k in differ[:8]) if differ else ""))
+    return lines
+
+
+def _tuned(r: dict) -> str:
+    tuned = r.get("tune_ahead")
+    if not tuned:
+        return ""
+    return f"{r.get('tune_ahead_s', '')} ({tuned.get('tuned_ahead', 0)} / {tuned.get('left', 0)})"
 
 
 def report_lines(report: dict) -> list[str]:
@@ -246,19 +297,19 @@ def report_lines(report: dict) -> list[str]:
     lines = [f"# Engine-style starts with and without jit_ahead ({report['date']})", "",
              f"`{report['command']}`; request seed {seed}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
              "", "| model | limits | arm | process s | ready s | planning s | variants | queued | executor compiles "
-             "warmup / serving | autotune runs warmup / serving | serving s | worst request s (batch, prompt, "
+             "warmup / serving | autotune runs warmup / serving | tune-ahead s (keys tuned / left) | serving s | worst request s (batch, prompt, "
              "decode, padded) | host builds warmup / serving | process / median plain-warm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | error: {r['error'][-150:]!r} |" + " |" * 10)
+            lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | error: {r['error'][-150:]!r} |" + " |" * 11)
             continue
         bases = [b["process_s"] for b in runs_of(r["model"], r["set"], "plain-warm")]
         ratio = f"{r['process_s'] / statistics.median(bases):.3f}" if bases else ""
         lines.append(f"| {r['model']} | {r['set']} | {r['arm']} | {r['process_s']} | {r['ready_s']} | "
                      f"{r.get('planning_s', '')} | {r.get('planned_variants', '')} | {r.get('queued', '')} | "
                      f"{r['executor_compiles_warmup']} / {r['executor_compiles_serving']} | "
-                     f"{r['autotune_runs_warmup']} / {r['autotune_runs_serving']} | {r['serving_s']} | "
+                     f"{r['autotune_runs_warmup']} / {r['autotune_runs_serving']} | {_tuned(r)} | {r['serving_s']} | "
                      f"{r['worst_request_s']} {tuple(r['worst_request'])} | "
                      f"{r['host_builds_warmup']} / {r['host_builds_serving']} | {ratio} |")
     median = statistics.median
@@ -292,6 +343,9 @@ def report_lines(report: dict) -> list[str]:
                              f"{mid(lambda r: r['ready_s'] - r['model_built_s'])} | "
                              f"{mid(lambda r: r['warmup_end_s'] - r['ready_s'])} | {mid(lambda r: r['serving_s'])} | "
                              f"{mid(lambda r: r['process_s'] - r['end_s'])} |")
+    agreement = choice_agreement(report)
+    if agreement:
+        lines += ["", "Autotune choices, made ahead against made on the requests' data:", ""] + [f"- {l}" for l in agreement]
     return lines
 
 

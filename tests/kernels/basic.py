@@ -116,3 +116,15 @@ def width_tuned_even_kernel(x_ptr, n, width, BLOCK: tl.constexpr, EVEN: tl.const
         tl.store(x_ptr + offs, tl.load(x_ptr + offs) * width)
     else:
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * width, mask=offs < n)
+
+
+# Hooks that read and write the arguments' values while benchmarking (the output zeroed before each config,
+# the input restored after), under heuristics that compute a constexpr from an argument's value.
+@triton.heuristics({"EVEN": lambda args: args["n"] % 2 == 0})
+@triton.autotune(configs=[triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=4)],
+                 key=["n"], reset_to_zero=["out_ptr"], restore_value=["x_ptr"], do_bench=_bench_prefers_later)
+@triton.jit
+def hooked_tuning_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + EVEN, mask=mask)

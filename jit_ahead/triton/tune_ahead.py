@@ -1,0 +1,144 @@
+"""Tune ahead: the autotuners' benchmarks run on the GPU before serving, for every tuning key planning met.
+
+Each task (``tuning.py``) is given back to the autotuner it came from, in the server: its arguments are
+made on the GPU (tensors of the planned shapes, strides and dtypes, zero-filled, or holding the values
+planning had for a host index tensor), and ``Autotuner.run`` is called with them and a grid that answers
+each config's grid from the task. The autotuner then does what it would do at the first request that met
+the key: prunes, runs its hooks, times every config with its own ``do_bench`` (the configs' variants are
+loaded from helpers' builds, or waited for, by the executor's hook), stores the choice where it stores
+them (``cache_results``; the records), and launches the chosen config once. Kernel selection stays the
+autotuner's own.
+
+A task is left to its first launch, and named with the reason, when its autotuner is not imported in the
+server, when it holds a choice already, when its timings would read values planning did not have, when its
+tensors exceed the memory budget, or when the tuning run raised. Tasks run one at a time, in the order
+planning met them (warmup shapes and CUDA-graph batch sizes first), each task's tensors freed before the
+next.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from triton.runtime.autotuner import Autotuner
+
+from .spec import unwrap_jit_function
+from .tuning import TensorSpec, TuningTask
+
+log = logging.getLogger("jit_ahead.triton.tune_ahead")
+
+
+@dataclass(frozen=True)
+class Left:
+    """A task not tuned ahead, and why."""
+
+    task: TuningTask
+    why: str
+
+
+@dataclass
+class TuneAheadResult:
+    tuned: list[TuningTask] = field(default_factory=list)  # benchmarked (or loaded from a stored choice) here
+    chosen_already: int = 0  # the autotuner held a choice for the key
+    left: list[Left] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        """Counts, the reasons tasks were left, and per kernel ("module.qualname") the keys tuned and left."""
+        reasons: dict[str, int] = {}
+        kernels: dict[str, list[int]] = {}
+        for item in self.left:
+            reasons[item.why] = reasons.get(item.why, 0) + 1
+            kernels.setdefault(f"{item.task.module}.{item.task.qualname}", [0, 0])[1] += 1
+        for task in self.tuned:
+            kernels.setdefault(f"{task.module}.{task.qualname}", [0, 0])[0] += 1
+        return {"tuned_ahead": len(self.tuned), "chosen_already": self.chosen_already, "left": len(self.left),
+                "seconds": round(self.seconds, 2), "left_why": reasons, "kernels": kernels}
+
+
+def find_autotuner(task: TuningTask) -> Autotuner | None:
+    """The autotuner of the task's kernel among the server's imported modules (none is imported here)."""
+    module = sys.modules.get(task.module)
+    if module is None:
+        return None
+    for value in list(vars(module).values()):
+        seen = 0
+        while value is not None and seen < 16:
+            if isinstance(value, Autotuner):
+                kernel = unwrap_jit_function(value)
+                if (kernel is not None and kernel.fn.__qualname__ == task.qualname
+                        and tuple(str(c) for c in value.configs) == task.configs):
+                    return value
+            value = getattr(value, "fn", None)
+            seen += 1
+    return None
+
+
+def _tensor(spec: TensorSpec, device: torch.device) -> torch.Tensor:
+    storage = torch.zeros(spec.storage_elements, dtype=spec.torch_dtype, device=device)
+    tensor = storage.as_strided(spec.shape, spec.stride, spec.offset)
+    if spec.values is not None:  # a host index tensor planning had: the launch read these values
+        tensor.copy_(torch.tensor(spec.values, dtype=spec.torch_dtype).reshape(spec.shape))
+    return tensor
+
+
+def _argument(value, device: torch.device):
+    return _tensor(value, device) if isinstance(value, TensorSpec) else value
+
+
+class _Grid:
+    """The launch grid of each config, as planning computed it with the launcher's own grid function."""
+
+    def __init__(self, grids) -> None:
+        self._grids = [(dict(kwargs), grid) for kwargs, grid in grids]
+
+    def __call__(self, meta: dict) -> tuple[int, ...]:
+        for kwargs, grid in self._grids:
+            if all(meta.get(k) == v for k, v in kwargs.items()):
+                return grid
+        raise LookupError("a config planning did not see")
+
+
+def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int) -> TuneAheadResult:
+    """Run each task's autotuner on ``device``; what could not be tuned is in ``left`` with the reason."""
+    result = TuneAheadResult()
+    start = time.perf_counter()
+    seen: set[tuple] = set()
+    for task in tasks:
+        if task.identity in seen:
+            continue
+        seen.add(task.identity)
+        if task.unsupported:
+            result.left.append(Left(task, task.unsupported))
+            continue
+        autotuner = find_autotuner(task)
+        if autotuner is None:
+            result.left.append(Left(task, "its autotuner is not imported in this process"))
+            continue
+        if task.key in autotuner.cache:
+            result.chosen_already += 1
+            continue
+        if task.nbytes > budget_bytes:
+            result.left.append(Left(task, f"its tensors ({task.nbytes >> 20} MiB) exceed the tune-ahead "
+                                          f"memory budget ({budget_bytes >> 20} MiB)"))
+            continue
+        try:
+            args = [_argument(v, device) for v in task.args]
+            kwargs = {k: _argument(v, device) for k, v in task.kwargs}
+            autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
+            del args, kwargs
+        except Exception as exc:  # a failed tuning run must never stop the start: the first launch tunes
+            log.warning("tune-ahead of %s failed (%s: %s); its first launch will tune it", task.label,
+                        type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            result.left.append(Left(task, f"the tuning run raised {type(exc).__name__}"))
+            continue
+        if task.key in autotuner.cache:
+            result.tuned.append(task)
+        else:
+            result.left.append(Left(task, "the autotuner made no choice for the planned key"))
+    result.seconds = time.perf_counter() - start
+    return result
