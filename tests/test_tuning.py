@@ -297,3 +297,14 @@ def test_autotuners_with_value_hooks_under_value_heuristics_are_tuned_with_what_
     result = tune([task], torch.device("meta"), budget_bytes=1 << 20)
     assert [t.key for t in result.tuned] == [task.key] and len(k.BENCHMARKED) - before == 2
     assert str(autotuner.cache[task.key]) == str(autotuner.configs[-1])
+
+
+def test_an_argument_a_task_cannot_hold_is_named():
+    class Boxed(torch.Tensor):
+        pass
+
+    x = torch.empty(256, device="meta").as_subclass(Boxed)
+    with capture() as plan_:
+        k.tuned_copy_kernel[(1,)](x, torch.empty(256, device="meta"), 256)
+    (task,) = plan_.tuning_tasks
+    assert task.unsupported == "it takes a tensor subclass (Boxed), which a tuning task cannot hold"

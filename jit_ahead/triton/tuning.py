@@ -138,7 +138,7 @@ def task_of(autotuner: Autotuner, args: tuple, kwargs: dict, configs: list, key:
         arg_specs = tuple(_spec(v) for v in args)
         kwarg_specs = tuple((k, _spec(v)) for k, v in kwargs.items() if k not in _RUN_ONLY)
     except _Unsupported as why:
-        return TuningTask(*names, (), (), (), unsupported=f"{why} (not stored)")
+        return TuningTask(*names, (), (), (), unsupported=f"it takes {why}, which a tuning task cannot hold")
     named = {**dict(zip(autotuner.arg_names, args)), **{k: v for k, v in kwargs.items() if k not in _RUN_ONLY}}
     grids = []
     try:
