@@ -34,6 +34,7 @@ class KernelRow:
     planners: set = field(default_factory=set)  # the providers (or "model", the model planner) that planned it
     tuned_ahead: int = 0  # tuning keys its autotuner benchmarked in tune-ahead
     tune_left: int = 0  # tuning keys tune-ahead left to the first launch
+    tuned: dict = field(default_factory=lambda: {"startup": set(), "serving": set()})  # keys benchmarked by launches
 
 
 @dataclass
@@ -101,6 +102,9 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
         name = e["event"]
         if name == "phase" and e.get("phase") == "serving" and serving_at is None:
             serving_at = t
+        elif name == "autotune_bench" and not e.get("ahead"):
+            rows[e.get("kernel") or "?"].tuned["serving" if e.get("phase") == "serving" else "startup"].add(
+                e.get("tuning_key"))
         elif name == "tune_ahead":
             tuned.append(e)
             for full, (done, left) in (e.get("kernels") or {}).items():
@@ -189,14 +193,15 @@ def _count_cute_miss(row: KernelRow, e: dict, loaded: set, planned_keys: set, sp
 
 
 HEADER = ("kernel", "planned by", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",
-          "warmup s", "compiles serving", "serving s", "never used", "tuned ahead", "tune left")
+          "warmup s", "compiles serving", "serving s", "never used", "tuned ahead", "tune left", "tuned warmup",
+          "tuned serving")
 
 
 def _cells(name: str, row: KernelRow) -> list[str]:
     (cw, sw), (cs, ss) = row.compiles["startup"], row.compiles["serving"]
     return [name, ",".join(sorted(row.planners)) or "-", str(row.planned), str(row.built_ahead), str(row.build_failed), str(row.loaded), str(row.waits),
             f"{row.waited_s:.2f}", str(cw), f"{sw:.2f}", str(cs), f"{ss:.2f}", str(row.unused), str(row.tuned_ahead),
-            str(row.tune_left)]
+            str(row.tune_left), str(len(row.tuned["startup"])), str(len(row.tuned["serving"]))]
 
 
 def text(coverage: Coverage) -> str:
@@ -207,6 +212,8 @@ def text(coverage: Coverage) -> str:
     serving = sum(r.compiles["serving"][0] for r in coverage.kernels.values())
     lines.append("")
     lines.append(f"executor compiles after serving started: {serving}")
+    tuned_serving = sum(len(r.tuned["serving"]) for r in coverage.kernels.values())
+    lines.append(f"tuning keys benchmarked by a launch after serving started: {tuned_serving}")
     for e in coverage.tune_ahead:
         why = "; ".join(f"{n} {reason}" for reason, n in (e.get("left_why") or {}).items())
         lines.append(f"tune-ahead: {e.get('tuned_ahead', 0)} tuning keys benchmarked in {e.get('seconds', 0)} s, "

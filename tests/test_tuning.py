@@ -244,6 +244,9 @@ def test_the_stats_log_and_the_report_show_what_tune_ahead_did(monkeypatch, tmp_
         wait_all(session.triton.submit(plan_, Priority.WARMUP))
         session.triton.note_tuning(plan_.tuning_tasks + reads.tuning_tasks, Priority.WARMUP)
         summary = session.triton.tune_ahead(device=torch.device("meta"))
+        session.mark_serving(tune_ahead=False)
+        n = 7409  # a key nobody planned, met after serving started: its autotuner benchmarks it there
+        k.stored_tuning_kernel[(1,)](torch.empty(n, device="meta"), torch.empty(n, device="meta"), n)
     finally:
         session.close()
     assert summary["tuned_ahead"] == 1 and summary["left"] == 1
@@ -251,11 +254,13 @@ def test_the_stats_log_and_the_report_show_what_tune_ahead_did(monkeypatch, tmp_
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
     header = next(line.split("  ") for line in out.splitlines() if line.startswith("kernel"))
-    assert [h.strip() for h in header if h.strip()][-2:] == ["tuned ahead", "tune left"]
+    assert [h.strip() for h in header if h.strip()][-4:] == ["tuned ahead", "tune left", "tuned warmup", "tuned serving"]
+    # tuned ahead, left, tuned by a launch in warmup, after serving started
     row = next(line.split() for line in out.splitlines() if line.startswith("tests.kernels.basic.stored_tuning_kernel"))
-    assert row[-2:] == ["1", "0"]
+    assert row[-4:] == ["1", "0", "0", "1"]
     row = next(line.split() for line in out.splitlines() if line.startswith("tests.kernels.basic.width_tuned_kernel"))
-    assert row[-2:] == ["0", "1"]
+    assert row[-4:] == ["0", "1", "0", "0"]
+    assert "tuning keys benchmarked by a launch after serving started: 1" in out
     assert "tune-ahead: 1 tuning keys benchmarked in" in out and "1 left to their first launch" in out
     assert "integer tensor x_ptr" in out
 

@@ -119,7 +119,9 @@ _benchmark: contextvars.ContextVar[Benchmark | None] = contextvars.ContextVar("j
 _original_check_disk_cache = Autotuner.check_disk_cache
 _original_bench = Autotuner._bench
 ChoiceRecorder = Callable[[TuningChoice | None, list], None]
+BenchListener = Callable[[Autotuner, tuple, dict], None]
 _recorder: ChoiceRecorder | None = None
+_bench_listener: BenchListener | None = None
 _lock = fork_safe_lock()
 
 
@@ -152,7 +154,18 @@ def _bench_naming_the_config(self, *args, config, **meta):
     benchmark = _benchmark.get()
     if benchmark is not None:
         benchmark.config = config
+    listener = _bench_listener
+    if listener is not None:
+        try:
+            listener(self, args, meta)
+        except Exception:  # counting must never break a benchmark
+            log.exception("the autotune benchmark listener failed")
     return _original_bench(self, *args, config=config, **meta)
+
+
+def _patch_bench() -> None:
+    """``Autotuner._bench`` is ours while a recorder or a listener needs it (called with _lock held)."""
+    Autotuner._bench = _bench_naming_the_config if (_recorder or _bench_listener) else _original_bench
 
 
 def install_recorder(recorder: ChoiceRecorder) -> None:
@@ -162,7 +175,7 @@ def install_recorder(recorder: ChoiceRecorder) -> None:
     with _lock:
         _recorder = recorder
         Autotuner.check_disk_cache = _check_disk_cache_with_records
-        Autotuner._bench = _bench_naming_the_config
+        _patch_bench()
 
 
 def remove_recorder(recorder: ChoiceRecorder) -> None:
@@ -171,7 +184,24 @@ def remove_recorder(recorder: ChoiceRecorder) -> None:
         if _recorder == recorder:
             _recorder = None
             Autotuner.check_disk_cache = _original_check_disk_cache
-            Autotuner._bench = _original_bench
+            _patch_bench()
+
+
+def install_bench_listener(listener: BenchListener) -> None:
+    """``listener(autotuner, args, kwargs)`` before each config an autotuner times (its benchmark, on the
+    GPU): what the stats count as a tuning on the executor."""
+    global _bench_listener
+    with _lock:
+        _bench_listener = listener
+        _patch_bench()
+
+
+def remove_bench_listener(listener: BenchListener) -> None:
+    global _bench_listener
+    with _lock:
+        if _bench_listener == listener:
+            _bench_listener = None
+            _patch_bench()
 
 
 # -- the record format ------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ class TritonFamily:
             self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
                                                    name="jit_ahead-triton-replay")
             self._replay_thread.start()
+        autotune.install_bench_listener(self._on_benchmark)
         hook.install(self._on_miss)
         self._previous_listener = knobs.compilation.listener
         knobs.compilation.listener = self._on_compile
@@ -144,6 +145,17 @@ class TritonFamily:
 
     def plan_encode(self, request: TritonCompileRequest) -> dict:
         return encode_record(RecordedVariant(request))
+
+    def _on_benchmark(self, autotuner, args: tuple, kwargs: dict) -> None:
+        """An autotuner times one config on this process's GPU: the ``autotune_bench`` event, naming the
+        kernel and the tuning key, and whether tune-ahead runs it."""
+        from .spec import unwrap_jit_function
+        from .tune_ahead import tuning_ahead
+
+        kernel = unwrap_jit_function(autotuner)
+        key = tuning.tuning_key(autotuner, args, {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")})
+        self.stats.emit("autotune_bench", family=FAMILY, ahead=tuning_ahead(),
+                        kernel=f"{kernel.module}.{kernel.fn.__qualname__}" if kernel else "?", tuning_key=repr(key))
 
     def tuning_encode(self, task) -> dict:
         return tuning.encode_task(task)
@@ -277,6 +289,7 @@ class TritonFamily:
         if self._replay_thread is not None:
             self._replay_thread.join(timeout=grace)
         autotune.remove_recorder(self._record_choice)
+        autotune.remove_bench_listener(self._on_benchmark)
         for records in (self.records, self.tuning_records):
             if records is not None:
                 records.close()

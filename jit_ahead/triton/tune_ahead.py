@@ -17,6 +17,7 @@ next.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import time
@@ -30,6 +31,12 @@ from .spec import unwrap_jit_function
 from .tuning import TensorSpec, TuningTask
 
 log = logging.getLogger("jit_ahead.triton.tune_ahead")
+_ahead: contextvars.ContextVar[bool] = contextvars.ContextVar("jit_ahead_tuning_ahead", default=False)
+
+
+def tuning_ahead() -> bool:
+    """True while this thread runs a tune-ahead benchmark (stats tell it from one a request met)."""
+    return _ahead.get()
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,11 @@ def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int) -
         try:
             args = [_argument(v, device) for v in task.args]
             kwargs = {k: _argument(v, device) for k, v in task.kwargs}
-            autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
+            token = _ahead.set(True)
+            try:
+                autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
+            finally:
+                _ahead.reset(token)
             del args, kwargs
         except Exception as exc:  # a failed tuning run must never stop the start: the first launch tunes
             log.warning("tune-ahead of %s failed (%s: %s); its first launch will tune it", task.label,
