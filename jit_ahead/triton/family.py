@@ -153,7 +153,7 @@ class TritonFamily:
         from .tune_ahead import tuning_ahead
 
         kernel = unwrap_jit_function(autotuner)
-        key = tuning.tuning_key(autotuner, args, {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")})
+        key = tuning.tuning_key(autotuner, args, kwargs)  # it reads only the kernel's own arguments
         self.stats.emit("autotune_bench", family=FAMILY, ahead=tuning_ahead(),
                         kernel=f"{kernel.module}.{kernel.fn.__qualname__}" if kernel else "?", tuning_key=repr(key))
 

@@ -9,9 +9,9 @@ loaded from helpers' builds, or waited for, by the executor's hook), stores the 
 them (``cache_results``; the records), and launches the chosen config once. Kernel selection stays the
 autotuner's own.
 
-A task is left to its first launch, and named with the reason, when its autotuner is not imported in the
-server, when it holds a choice already, when its timings would read values planning did not have, when its
-tensors exceed the memory budget, or when the tuning run raised. Tasks run one at a time, in the order
+A task whose autotuner holds a choice already is counted and skipped. A task is left to its first launch,
+and named with the reason, when its autotuner is not imported in the server, when its timings would read
+values planning did not have, when its tensors exceed the memory budget, or when the tuning run raised. Tasks run one at a time, in the order
 planning met them (warmup shapes and CUDA-graph batch sizes first), each task's tensors freed before the
 next.
 """

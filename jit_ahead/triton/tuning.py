@@ -146,16 +146,14 @@ def task_of(autotuner: Autotuner, args: tuple, kwargs: dict, configs: list, key:
             grids.append((tuple(sorted(config.kwargs.items())), _grid_of(kwargs.get("grid"), {**named, **config.all_kwargs()})))
     except Exception as exc:  # a grid function that needs more than planning had
         unsupported = f"its grid could not be computed in planning ({type(exc).__name__})"
-    task = TuningTask(*names, arg_specs, kwarg_specs, tuple(grids), unsupported)
     if unsupported is None:
         names_given = [*autotuner.arg_names[:len(arg_specs)], *(k for k, _ in kwarg_specs)]
         reads = [name for name, spec in zip(names_given, [*arg_specs, *(v for _, v in kwarg_specs)])
                  if isinstance(spec, TensorSpec) and spec.integral and spec.values is None]
         if reads:
-            task = TuningTask(*names, arg_specs, kwarg_specs, tuple(grids),
-                              f"its timings depend on the values of integer tensor {', '.join(reads)}, "
-                              "which planning on meta tensors does not have")
-    return task
+            unsupported = (f"its timings depend on the values of integer tensor {', '.join(reads)}, "
+                           "which planning on meta tensors does not have")
+    return TuningTask(*names, arg_specs, kwarg_specs, tuple(grids), unsupported)
 
 
 # -- saved plans (core/plan_cache.py): a task as JSON ---------------------------------------------------------
