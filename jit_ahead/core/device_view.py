@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("jit_ahead.device_view")
 
-# An H200 as torch and Triton report it (read on the H200 host; see docs/gpu/device_view.json).
+# An H200 as torch and Triton report it (read on the H200 host; see
+# results/2026-11-29-h200-helpers-roundtrip/device_view.json).
 _H200_TORCH = {"L2_cache_size": 62914560, "clock_rate": 1980000, "gcnArchName": "NVIDIA H200",
                "is_integrated": 0, "is_multi_gpu_board": 0, "major": 9, "max_threads_per_block": 1024,
                "max_threads_per_multi_processor": 2048, "memory_bus_width": 6016,

@@ -32,8 +32,8 @@ what one sequence of its total does.
 Not planned: explicit ``cu_seqlens`` of dtype int64 (the mask path makes int32 offsets; packed int32
 ``cu_seqlens`` launch as a padded batch of the same total does, except more than 64 one-token sequences
 packed together).
-Planning cost is one layer forward per shape, about 3 ms on meta on the H200 host (10 ms padded); see
-scripts/bench/planning_cost.py.
+Planning cost is one layer forward per shape on meta (a padded one costs more: fla's unpadding runs on the
+host); scripts/bench/planning_cost.py measures it, docs/benchmarks.md has the figures.
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ How the reachable space is found:
   sequence of ``B*S`` tokens launches, so every token count 1..max(max_num_tokens, max_batch_size) is
   enumerated once. The probe also records the Liger ops (autograd Functions) each layer ran, with their
   arguments as templates; each token count calls those ops at that shape, which launches what the layer
-  would without its meta linears (SwiGLU: 3.4x faster). A layer whose ops got a non-contiguous view, or
-  that ran none, is enumerated through its own forward.
+  would without running its meta linears at every token count (much cheaper; docs/benchmarks.md). A
+  layer whose ops got a non-contiguous view, or that ran none, is enumerated through its own forward.
 - RoPE has the batch size and head counts as constexpr and the sequence length as a specialized int:
   every batch size with every sequence length it can have within the limits, prefill and decode, with
   cos/sin shared across the batch (no position ids) or batched (position ids, as ``generate`` passes).

@@ -9,7 +9,7 @@ then, each arm into its own empty Triton cache and side by side in one run:
            plus the time from pool start to the first finished build.
 The serial arm runs first and again last, to show drift. Writes build_throughput.json and .md to --out.
 
-    python scripts/bench/build_throughput.py --out docs/bench [--max-workers N] [--every K]
+    python scripts/bench/build_throughput.py --out results/<date>-<host>-build-throughput [--max-workers N] [--every K]
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ scheduling, tokenizing, launching) and times each round. Arms, side by side in o
 The pool's own threads live in this process (they read the helpers' pipes), so their share of the GIL
 is part of what is measured. Writes cpu_politeness.json and .md to --out.
 
-    python scripts/bench/cpu_politeness.py --out docs/bench [--workers N,M] [--every K]
+    python scripts/bench/cpu_politeness.py --out results/<date>-<host>-cpu-politeness [--workers N,M] [--every K]
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@
 On a machine without a GPU the stand-in driver runs launches as no-ops: the figures are the host-side
 launch path, which is where jit_ahead could add cost. Writes executor_overhead.json and .md to --out.
 
-    python scripts/bench/executor_overhead.py --out docs/bench
+    python scripts/bench/executor_overhead.py --out results/<date>-<host>-executor-overhead
 """
 from __future__ import annotations
 

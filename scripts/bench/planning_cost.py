@@ -11,7 +11,7 @@ attention mask: fla unpads on the host and runs varlen kernels) get rows of thei
 With ``--device cuda`` the models hold real weights on the GPU, as a server's do when it plans after
 building them: planning then calls meta replicas of their layers (``MetaCaller``).
 
-    python scripts/bench/planning_cost.py --out docs/bench [--tokens 16384] [--device meta|cuda] [--continued]
+    python scripts/bench/planning_cost.py --out results/<folder> [--tokens 16384] [--device meta|cuda] [--continued]
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def measure(provider, model, limits) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/bench")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--device", default="meta", help="where the models' weights are (meta or cuda)")
     parser.add_argument("--continued", action="store_true",

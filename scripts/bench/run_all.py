@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every benchmark of the project in one run on the GPU machine; writes ``docs/benchmarks.md``.
+"""Every benchmark of the project in one run on the GPU machine; writes a run folder and its summary.
 
 Sections, each in fresh processes and each figure measured side by side within its section:
   cold-start   scripts/gpu/serving_loop.py: a Qwen3-style model patched with Liger-Kernel and an fla
@@ -13,11 +13,15 @@ Sections, each in fresh processes and each figure measured side by side within i
   politeness   scripts/bench/cpu_politeness.py: an executor thread's slowdown while helpers build, at
                the helper counts before and during serving
 
-Raw JSON and each section's own table go to ``docs/bench/runs/<UTC start>/``; ``docs/benchmarks.md`` is
-the summary with targets, date, versions and machine.
+Raw JSON and each section's own table go to the run folder (``--run-folder``; else a new
+``<UTC start>/`` under ``--runs``); ``--out`` is the summary with targets, date, versions and machine.
+Keep a run as one folder of ``results/`` (add its README: script, tree, versions; docs/benchmarks.md
+quotes the figures and links the folder):
 
-    python scripts/bench/run_all.py [--sections cold-start,throughput,overhead,politeness] [--replay] [--tree SHA]
-    python scripts/bench/run_all.py --render docs/bench/runs/<stamp>   # the summary again, no runs
+    F=results/<date>-h200-run-all-<tree>
+    python scripts/bench/run_all.py --run-folder $F --out $F/benchmarks.md
+        [--sections cold-start,throughput,overhead,politeness] [--replay] [--tree SHA]
+    python scripts/bench/run_all.py --render $F --out $F/benchmarks.md   # the summary again, no runs
 """
 from __future__ import annotations
 
@@ -162,15 +166,16 @@ def main() -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--replay", action="store_true",
                         help="cold start: also the arm cold-jit-replay (a second start with the first one's records)")
-    parser.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    parser.add_argument("--runs", default=os.path.join(REPO, "docs", "bench", "runs"))
+    parser.add_argument("--out", help="where the summary goes (default: benchmarks.md in the run's folder)")
+    parser.add_argument("--runs", default=os.path.join(REPO, "results"),
+                        help="a new run's folder is made here (its date and time as the name)")
     parser.add_argument("--tree", help="the commit being measured (a copied tree may lack its .git)")
     parser.add_argument("--render", metavar="RUN_FOLDER", help="write the summary of an earlier run only")
     parser.add_argument("--run-folder", help="add the sections to this earlier run's folder (a run split over "
                                              "machine sessions) instead of a new one")
     args = parser.parse_args()
     if args.render:
-        print(render(args.render, args.out, args.tree, None))
+        print(render(args.render, args.out or os.path.join(args.render, "benchmarks.md"), args.tree, None))
         return 0
     started = datetime.datetime.now(datetime.timezone.utc)
     folder = args.run_folder or os.path.join(args.runs, started.strftime("%Y-%m-%dT%H%M%SZ"))
@@ -187,7 +192,7 @@ def main() -> int:
         json.dump(meta, f, indent=1)
     timings = meta["sections"]
     tree = meta["tree"]
-    print(render(folder, args.out, tree, timings))
+    print(render(folder, args.out or os.path.join(folder, "benchmarks.md"), tree, timings))
     return 1 if any(code for t in timings.values() for code in t["exit_codes"]) else 0
 
 

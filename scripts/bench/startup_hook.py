@@ -5,7 +5,7 @@ Starts ``python -c pass`` (and ``python -c "import json"``) REPEATS times each w
 with JIT_AHEAD=1, interleaved, and reports the median and the quartiles of the wall time per start.
 Needs jit_ahead installed with ``pip install .`` (the hook is ``jit_ahead.pth`` in site-packages).
 
-    python scripts/bench/startup_hook.py --out docs/bench [--repeats 40]
+    python scripts/bench/startup_hook.py --out results/<date>-<host>-startup-hook [--repeats 40]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def start_time(code: str, env: dict) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/bench")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     parser.add_argument("--repeats", type=int, default=40)
     args = parser.parse_args()
     pth = os.path.join(sysconfig.get_paths()["purelib"], "jit_ahead.pth")

@@ -13,7 +13,7 @@ caches in a temporary folder:
              the DSL's compile called directly): outputs must be bitwise equal
 Writes cute_check.json and .md to --out.
 
-    python scripts/gpu/cute_check.py --out docs/gpu
+    python scripts/gpu/cute_check.py --out results/<date>-h200-cute-check
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ ROWS_SERVING = (3, 77, 1000, 4096)
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/gpu")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="cute_check_")
     os.environ["JIT_AHEAD_CUTE_CACHE_DIR"] = os.path.join(scratch, "cute")

@@ -10,7 +10,7 @@ check each output against a plain-torch reference.
 Passes when every build succeeded, every compile() in step 2 was a disk hit of a planned hash, and every
 output is correct. Writes helpers_roundtrip.json and .md to --out.
 
-    python scripts/gpu/helpers_roundtrip.py --out docs/gpu
+    python scripts/gpu/helpers_roundtrip.py --out results/<date>-h200-helpers-roundtrip
 """
 from __future__ import annotations
 

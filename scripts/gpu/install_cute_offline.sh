@@ -6,7 +6,7 @@
 # script joins the parts first. Dependencies the machine already has (cuda-bindings, protobuf) are kept.
 # Afterwards: export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages (the DSL puts `cutlass`
 # on the path with a .pth file, which Python reads only in site directories, not in a --target folder), then
-# python3 scripts/gpu/cute_check.py --out docs/gpu
+# python3 scripts/gpu/cute_check.py --out results/<date>-h200-cute-check
 set -euo pipefail
 folders=("$@")
 [ ${#folders[@]} -gt 0 ] || folders=(.whl_cute_a .whl_cute_b)

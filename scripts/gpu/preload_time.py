@@ -13,7 +13,7 @@ builds its own model in about 22 s. This script times, each in fresh processes o
 Run twice in a row per arm (Python's bytecode cache is written by the first). Writes preload_time.json
 and .md to --out.
 
-    python scripts/gpu/preload_time.py --out docs/gpu/preload_time
+    python scripts/gpu/preload_time.py --out results/<date>-h200-preload-time
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def run(code: str, env: dict | None = None, nice: bool = False) -> list:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/gpu/preload_time")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     args = parser.parse_args()
     hidden = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     rows = []

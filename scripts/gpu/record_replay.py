@@ -7,7 +7,7 @@ the record at start, helpers build it at REPLAY priority, and the workload shoul
 its executor after warmup. Writes, under --out: record_replay.md and .json (both runs), each run's stats
 log, its coverage report (text, and HTML with the timeline), and the record's header.
 
-    python scripts/gpu/record_replay.py --out docs/gpu/record_replay
+    python scripts/gpu/record_replay.py --out results/<date>-h200-record-replay
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def run(n: int, out: str, record_dir: str, timeout: float) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/gpu/record_replay")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     parser.add_argument("--timeout", type=float, default=280)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -78,7 +78,7 @@ def main() -> int:
     with open(os.path.join(args.out, "record_replay.json"), "w") as f:
         json.dump(report, f, indent=1)
     rows = ["# Record and replay on the GPU (" + report["date"] + ")", "",
-            "`python scripts/gpu/record_replay.py --out docs/gpu/record_replay`; " +
+            f"`python scripts/gpu/record_replay.py --out {args.out}`; " +
             ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".", "",
             "Workload: `scripts/gpu/third_party_workload.py` (Liger-Kernel ops outside the Liger provider's "
             "set and fla's GatedLinearAttention; no provider plans them). Both runs: JIT_AHEAD=1, the same record folder, an empty "

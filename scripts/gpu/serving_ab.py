@@ -7,7 +7,7 @@ One cold arm (no jit_ahead) fills a Triton cache; then arms ``warm`` (no jit_ahe
 and worst request of the 40-request loop; the summary compares the two arms' medians, run by run, so the
 host's drift between processes shows next to any difference.
 
-    python scripts/gpu/serving_ab.py --out docs/gpu --model qwen3-liger --pairs 2
+    python scripts/gpu/serving_ab.py --out results/<date>-h200-serving-ab --model qwen3-liger --pairs 2
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def run_arm(model: str, arm: str, cache: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/gpu")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     parser.add_argument("--model", default="qwen3-liger")
     parser.add_argument("--pairs", type=int, default=2, help="ABBA blocks (each runs both arms twice)")
     args = parser.parse_args()

@@ -27,7 +27,7 @@ cache_hit False (executor compiles) in warmup and in serving. Writes serving_loo
 jit_ahead arms wait for all planning, not only WARMUP's, before warmup (a diagnosis: no planning left
 while the model runs).
 
-    python scripts/gpu/serving_loop.py --out docs/gpu
+    python scripts/gpu/serving_loop.py --out results/<date>-h200-serving-loop
 """
 from __future__ import annotations
 
@@ -278,7 +278,7 @@ def versions() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="docs/gpu")
+    parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")
     parser.add_argument("--models", default="qwen3-liger,gated-deltanet")
     parser.add_argument("--arms", default="cold,warm,cold-jit",
                         help="arms in order; without 'cold', 'warm' runs on the cache the first cold-jit* arm "
@@ -363,7 +363,7 @@ def main() -> int:
     with open(os.path.join(args.out, "serving_loop.json"), "w") as f:
         json.dump(report, f, indent=1)
     lines = [f"# Serving loop, cold with jit_ahead vs warm and cold without ({report['date']})", "",
-             "`python scripts/gpu/serving_loop.py --out docs/gpu`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+             "`" + " ".join(sys.argv) + "`; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
              f"; {REQUESTS} random requests (prefill + {NEW_TOKENS} decode steps) after warmup"
              + (", prompts of random lengths padded with an attention mask (`--padded`)." if args.padded else "."), "",
              "| model | arm | process wall s | ready s | planning done s | warmup end s | end s "
