@@ -61,8 +61,10 @@ def install() -> None:
         return
     _installed = True
     try:
-        families = [name.strip() for name in os.environ.get("JIT_AHEAD_FAMILIES", "").lower().split(",")]
-        names = ("triton", "cutlass") if "cute" in families else ("triton",)
+        from . import registry  # imports nothing itself: it only knows which module starts which family
+
+        families = [name.strip() for name in os.environ.get("JIT_AHEAD_FAMILIES", "triton").lower().split(",")]
+        names = registry.triggers(families) or registry.triggers(["triton"])
         if any(name in sys.modules for name in names):
             start_session()
         else:
@@ -93,11 +95,11 @@ def start_session():
 
     try:
         from .core import knobs
-        from .core.session import FAMILIES, current, say, start
+        from .core.session import current, say, start
 
         if current() is not None:
             return current()
-        session = start(knobs.families(FAMILIES), skip_unavailable=True, announce=True)
+        session = start(knobs.families(), skip_unavailable=True, announce=True)
         warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
             timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))

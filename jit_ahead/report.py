@@ -143,8 +143,9 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
                 spans.append({"lane": "executor", "start": t - (e.get("seconds") or 0), "end": t,
                               "kind": "compile", "label": e.get("kernel", "")})
         elif name == "executor_miss":
-            if e.get("family") == "cute":  # no compilation listener: the miss itself says what happened
-                _count_cute_miss(rows[kernel(e)], e, loaded, planned_keys, spans, t)
+            calls = _misses_are_calls(e.get("family"))
+            if calls:  # no compilation listener: the miss itself says what happened to the call
+                _count_call(rows[kernel(e)], e, loaded, planned_keys, spans, t)
             if e.get("outcome") == "ready" and (e.get("seconds") or 0) > 0:
                 row = rows[kernel(e)]
                 row.waits += 1
@@ -156,7 +157,7 @@ def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
                 unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
                                   "outcome": e.get("outcome"), "differences": diff if specs.get(kernel(e))
                                   else ["no variant of this kernel was planned"]})
-            elif e.get("planned") is False and e.get("family") == "cute":
+            elif e.get("planned") is False and calls:
                 unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
                                   "outcome": e.get("outcome"), "differences": [e.get("reason") or "not planned"]})
     for key in built - loaded:
@@ -177,9 +178,19 @@ def _planned_by(events: list[dict], rows: dict[str, KernelRow]) -> None:
                     rows[name].planners.add(e["provider"])
 
 
-def _count_cute_miss(row: KernelRow, e: dict, loaded: set, planned_keys: set, spans: list, t: float) -> None:
-    """A CuTe DSL ``cute.compile`` call: a helper's object loaded, or a compile in the server (built in
-    place, a failed build's fallback, or a call jit_ahead cannot describe)."""
+def _misses_are_calls(family: str | None) -> bool:
+    """The family's misses are its calls (``FamilyInfo.misses_are_calls``: the CuTe DSL's); a family this
+    process does not know is read as Triton's are."""
+    from .registry import family_info
+
+    info = family_info(family) if family else None
+    return bool(info and info.misses_are_calls)
+
+
+def _count_call(row: KernelRow, e: dict, loaded: set, planned_keys: set, spans: list, t: float) -> None:
+    """A call of a family whose misses are its calls (the CuTe DSL's ``cute.compile``): a helper's object
+    loaded, or a compile in the server (built in place, a failed build's fallback, or a call jit_ahead
+    cannot describe)."""
     if e.get("outcome") in ("disk", "ready"):
         if e.get("key") in planned_keys:
             loaded.add(e["key"])

@@ -34,8 +34,9 @@ def test_unset_does_nothing_at_all():
     assert run(LOADED, JIT_AHEAD="0") == []
 
 
-def test_set_but_triton_never_imported_costs_one_small_module():
-    assert run(LOADED, JIT_AHEAD="1") == ["jit_ahead", "jit_ahead.autostart"]
+def test_set_but_triton_never_imported_costs_two_small_modules():
+    # the hook and the family registry it reads the trigger modules from; both import nothing else
+    assert run(LOADED, JIT_AHEAD="1") == ["jit_ahead", "jit_ahead.autostart", "jit_ahead.registry"]
 
 
 def test_set_starts_a_session_once_triton_is_imported():
@@ -123,9 +124,14 @@ def run_raw(code: str, cwd: str = "/", **env) -> subprocess.CompletedProcess:
     return out
 
 
+# a server whose logger passes INFO but whose only handler shows warnings and above: the line would be lost
+QUIET_HANDLER = ("handler = logging.StreamHandler()\nhandler.setLevel(logging.WARNING)\n"
+                 "logging.getLogger().addHandler(handler)\nlogging.getLogger().setLevel(logging.INFO)")
+
+
 @pytest.mark.parametrize("logging_setup, stats", [("", False), ("", True), ("logging.basicConfig(level=logging.INFO)", False),
-                                                  ("logging.basicConfig(level=logging.INFO)", True)],
-                         ids=["no-logging", "no-logging-stats", "logging", "logging-stats"])
+                                                  ("logging.basicConfig(level=logging.INFO)", True), (QUIET_HANDLER, False)],
+                         ids=["no-logging", "no-logging-stats", "logging", "logging-stats", "handler-above-info"])
 def test_on_is_said_once_at_start_and_the_summary_once_at_exit(tmp_path, logging_setup, stats):
     # A person must see that JIT_AHEAD=1 took effect, and what it did, once each: through the server's
     # logging where it shows jit_ahead's lines, else on stderr.

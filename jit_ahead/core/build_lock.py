@@ -15,8 +15,6 @@ import logging
 import os
 from collections.abc import Iterator
 
-import psutil
-
 from . import knobs
 
 log = logging.getLogger("jit_ahead.build_lock")
@@ -39,6 +37,8 @@ def holder(lock_path: str) -> str:
             pid = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return "holder unknown"
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         return f"held by pid {pid} ({proc.status()}, parent {proc.ppid()}: {' '.join(proc.cmdline()[:3])[:120]})"

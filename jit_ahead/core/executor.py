@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 from .pool import HelperPool
 from .priority import Priority
@@ -42,6 +44,81 @@ class Outcome(enum.Enum):
     READY = "ready"  # a build finished (possibly after a wait): load it
     BUILT_HERE = "built_here"  # this thread built it in place
     FALLBACK = "fallback"  # failed, quarantined or timed out: the DSL's normal path compiles
+
+
+def kernel_of(request) -> str:
+    """A request's kernel as the stats log and the report name it: ``module.qualname``."""
+    return f"{request.module}.{request.qualname}"
+
+
+class ExecutorBase(ABC):
+    """The executor side every family shares: the variants planned (each new one a ``variant`` event, the
+    coverage report compares against them), whether a variant is being built ahead, and the guard's
+    report of a variant that needs a build after serving started."""
+
+    family: ClassVar[str]
+
+    def __init__(self, pool: HelperPool, wait_timeout: float, guard: str = "warn") -> None:
+        self.pool = pool
+        self.wait_timeout = wait_timeout
+        self.guard = guard
+        self._lock = threading.Lock()
+        self._planned_keys: set[str] = set()
+        self.recorder: Callable[[Any], None] | None = None  # each variant the server meets (records)
+        # what the guard says of planning: set by the session (True once every planning run finished)
+        self.planning_finished: Callable[[], bool] = lambda: True
+
+    @staticmethod
+    @abstractmethod
+    def build_here(payload: Any) -> dict | None:
+        """The build a helper runs, on the calling thread (the launch builds in place)."""
+
+    @staticmethod
+    @abstractmethod
+    def key_of(request: Any) -> str:
+        """The request's artifact key (its BuildRequest's key)."""
+
+    def _take_new(self, request: Any) -> bool:
+        """Note ``request`` as planned; True if it was not (called with the lock held)."""
+        key = self.key_of(request)
+        if key in self._planned_keys:
+            return False
+        self._planned_keys.add(key)
+        return True
+
+    def _variant_fields(self, request: Any) -> dict:
+        """What the ``variant`` event says of a request beyond its key, kernel and label."""
+        return {}
+
+    def note_planned(self, requests: Iterable, source: str = "plan") -> None:
+        """Remember planned (or recorded: ``source="record"``) variants; each new one goes to the stats log
+        once."""
+        with self._lock:
+            new = [request for request in requests if self._take_new(request)]
+        for request in new:
+            self.pool.stats.emit("variant", family=self.family, key=self.key_of(request), kernel=kernel_of(request),
+                                 label=request.label, source=source, **self._variant_fields(request))
+
+    def is_planned(self, key: str) -> bool:
+        with self._lock:
+            return key in self._planned_keys
+
+    def building_ahead(self, key: str) -> bool:
+        """A helper is building it or it is queued: planned, not built yet."""
+        ticket = self.pool.table.get(key)
+        return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
+
+    def report_unplanned(self, label: str, key: str | None, message: str) -> None:
+        """The guard: a variant needs a build after serving started. A ``guard`` event, then an error
+        (JIT_AHEAD_MODE=error) or a warning."""
+        self.pool.stats.emit("guard", family=self.family, key=key, label=label, mode=self.guard, message=message)
+        if self.guard == "error":
+            raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
+        log.warning("%s (JIT_AHEAD_MODE=warn)", message)
+
+    def guarding(self) -> bool:
+        """True when a build now is one the guard reports: serving started and the guard is on."""
+        return self.guard != "off" and self.pool.stats.phase == "serving"
 
 
 def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[Any], dict | None],

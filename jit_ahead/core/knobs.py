@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 
-import psutil
 
 log = logging.getLogger("jit_ahead.knobs")
 
@@ -52,8 +51,8 @@ def env_seconds(name: str, default: float, *, minimum: float = 0.0) -> float:
 def usable_cpus() -> int:
     """CPUs this process may run on (affinity and cgroup-pinned sets), not the machine's count."""
     try:
-        return max(1, len(psutil.Process().cpu_affinity()))
-    except (AttributeError, NotImplementedError, psutil.Error):
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this platform
         return max(1, os.cpu_count() or 1)
 
 
@@ -103,8 +102,8 @@ def planner_count() -> int:
 def serving_worker_count() -> int:
     """JIT_AHEAD_SERVING_WORKERS: helpers per family that keep building once serving has started (the
     others exit after their current build). Default: half the CPUs per local rank, minus one for the
-    executor (7 on a 16-CPU host: the executor thread ran 1.03x slower beside 7 building helpers and
-    1.76x beside 15 in the cpu_politeness bench on the H200 host)."""
+    executor: a full set of helpers slows a busy executor thread even at nice 19, half of them leaves it
+    CPUs of its own (measured: docs/benchmarks.md, CPU politeness)."""
     default = max(1, _cpus_per_rank() // 2 - 1)
     return helper_count("JIT_AHEAD_SERVING_WORKERS", default, minimum=0)
 
@@ -153,15 +152,23 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
 
 
-def families(known) -> tuple[str, ...]:
-    """JIT_AHEAD_FAMILIES: the families a ``JIT_AHEAD=1`` session starts, comma-separated (default
-    ``triton``; ``triton,cute`` adds the CuTe DSL family, which needs ``jit_ahead[cute-dsl]``). Names not
-    in ``known`` are dropped with one line."""
-    names = [n.strip().lower() for n in os.environ.get("JIT_AHEAD_FAMILIES", "triton").split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
+def family_names() -> list[str]:
+    """JIT_AHEAD_FAMILIES as written: lower-case names, comma-separated (default ``triton``)."""
+    return [n.strip().lower() for n in os.environ.get("JIT_AHEAD_FAMILIES", "triton").split(",") if n.strip()]
+
+
+def families() -> tuple[str, ...]:
+    """JIT_AHEAD_FAMILIES: the families a ``JIT_AHEAD=1`` session starts (default ``triton``;
+    ``triton,cute`` adds the CuTe DSL family, which needs ``jit_ahead[cute-dsl]``; a package's own family
+    by the name it registers, ``jit_ahead/registry.py``). Unknown names are dropped with one line."""
+    from .. import registry
+
+    names = family_names()
+    unknown = [n for n in names if registry.family_info(n) is None]
     if unknown:
-        log.error("JIT_AHEAD_FAMILIES: unknown %s (known: %s); ignored", ", ".join(unknown), ", ".join(sorted(known)))
-    return tuple(dict.fromkeys(n for n in names if n in known)) or ("triton",)
+        log.error("JIT_AHEAD_FAMILIES: unknown %s (known: %s); ignored", ", ".join(unknown),
+                  ", ".join(sorted(registry.known_families())))
+    return tuple(dict.fromkeys(n for n in names if n not in unknown)) or ("triton",)
 
 
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:

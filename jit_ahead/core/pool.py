@@ -42,7 +42,7 @@ class FamilySpec:
     """What the pool needs to know about a family: its name and the builder helpers import."""
 
     name: str
-    builder: str  # importable module with prepare() -> dict and build(payload) -> dict
+    builder: str  # the module helpers import: core/family.py's Builder (prepare, then build per request)
     workers_knob: str
     preload_knob: str  # modules helpers import as soon as they start
 
@@ -176,8 +176,8 @@ class HelperPool:
         self.family = family
         self.workers = workers
         # Helpers that keep building once serving starts: beside a busy executor, a full set of helpers
-        # slows it down even at nice 19 (cpu_politeness bench: 1.76x with 15 helpers on 16 CPUs, 1.03x
-        # with 7), while before serving the executor mostly waits for them.
+        # slows it down even at nice 19 (they compete for the CPUs its Python thread runs on), while
+        # before serving the executor mostly waits for them. Measured: docs/benchmarks.md, CPU politeness.
         self.serving_workers = workers if serving_workers is None else min(workers, serving_workers)
         self.stats = stats
         self.table = RequestTable(quarantine_after=quarantine_after)

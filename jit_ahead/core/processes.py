@@ -20,7 +20,6 @@ import threading
 import time
 import warnings
 
-import psutil
 
 from .unfinished_imports import forget_unfinished_imports
 
@@ -231,6 +230,8 @@ class ForkedChild:
 def end_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it (children first listed, so none is re-parented
     unseen). Processes already gone are skipped."""
+    import psutil
+
     try:
         root = psutil.Process(pid)
         victims = root.children(recursive=True) + [root]

@@ -21,7 +21,7 @@ class Configure:
     """First message to a helper: the server's import path and the family's builder module."""
 
     sys_path: tuple[str, ...]
-    builder: str  # module with prepare(device_view) -> dict and build(payload) -> dict
+    builder: str  # the module helpers import: core/family.py's Builder (prepare(device_view), build(payload))
     device_view: object = None  # jit_ahead.core.device_view.DeviceView: the server's GPU as libraries see it
 
 

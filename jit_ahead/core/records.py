@@ -213,6 +213,11 @@ class RecordFolder:
         return True
 
 
+def recording_enabled() -> bool:
+    """JIT_AHEAD_RECORD_DIR is set: the families record what they build and replay it at the next start."""
+    return bool(os.environ.get(KNOB, "").strip())
+
+
 def record_folder(fmt: RecordFormat, raw: str | None = None) -> RecordFolder | None:
     """The RecordFolder JIT_AHEAD_RECORD_DIR asks for, or None when it is unset or empty."""
     raw = (os.environ.get(KNOB, "") if raw is None else raw).strip()

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import atexit
 import collections
-import importlib
 import logging
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from .. import registry
 from . import device_view, knobs
 from .executor import build_queued_here
 from .limits import EngineLimits
@@ -27,26 +27,29 @@ log = logging.getLogger("jit_ahead.session")
 # own work is over, and a killed build publishes nothing (every entry is written atomically).
 EXIT_GRACE_S = 0.1
 
-# Families by name, as "module:Class"; imported only when a session asks for them.
-FAMILIES = {"triton": "jit_ahead.triton.family:TritonFamily", "cute": "jit_ahead.cute.family:CuteFamily"}
-
-
 def say(line: str) -> None:
     """A line a person should see exactly once: through logging where it shows jit_ahead's INFO lines
     (the server configured it so), else on stderr."""
-    logger = logging.getLogger("jit_ahead")
-    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+    if _logging_shows_info(log):
         log.info("%s", line)
     else:
         print(line, file=sys.stderr, flush=True)
 
 
-def _family_class(name: str):
-    try:
-        module, _, cls = FAMILIES[name].partition(":")
-    except KeyError:
-        raise ValueError(f"unknown jit_ahead family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
-    return getattr(importlib.import_module(module), cls)
+def _logging_shows_info(logger: logging.Logger) -> bool:
+    """True when an INFO record of ``logger`` reaches a handler that emits it: the logger lets INFO through
+    and a handler on its way up (as far as records propagate) has a level at or below INFO. Handlers' own
+    filters are not consulted: a filter is the server's choice of what it shows."""
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(handler.level <= logging.INFO for handler in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
 
 
 class Session:
@@ -63,7 +66,7 @@ class Session:
         self.families = {}
         for name in families:
             try:
-                self.families[name] = _family_class(name)(self.stats, **family_options.get(name, {}))
+                self.families[name] = registry.family_class(name)(self.stats, **family_options.get(name, {}))
             except ImportError as exc:
                 if not skip_unavailable:
                     raise
@@ -155,7 +158,8 @@ class Session:
         configs of a kernel library that stores its choices (fla): warming up right after this overlaps
         that GPU work with the builds still running. Each warmup launch then waits for its own variant
         (raised to the front of the queue) or builds it in place when the pool's measurements say that is
-        faster; a wait costs about 10 ms over the build itself, ``wait_ready`` spares them."""
+        faster; a wait adds a little over the build itself (a notification and a load from disk), which
+        ``wait_ready`` spares them."""
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def remaining() -> float | None:

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
-import threading
 from collections.abc import Iterable
 
 from ..core import device_view
 from ..core import knobs as core_knobs
+from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.stats import Stats
 from ..core.table import Ticket
-from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, record_folder
 from . import hook, library_cache
 from .arch import arch_of
@@ -40,7 +38,11 @@ SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.cute.build", workers_knob="JIT
                   preload_knob="JIT_AHEAD_CUTE_PRELOAD")
 
 
-class CuteFamily:
+class CuteFamily(FamilyBase):
+    """CuTe DSL kernels have no autotuner: no autotune groups, tuning tasks or tune-ahead (the base
+    class's defaults), and a planner needs nothing of its own (the arch is this family's, the device view
+    pinned by the planner)."""
+
     name = FAMILY
 
     def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
@@ -49,55 +51,33 @@ class CuteFamily:
         self.device_view = device_view.current()
         self.arch = arch_of(self.device_view)
         self.cache_dir = str(cache_root())  # helpers publish where this process loads from
-        self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
-                                          env_overrides={CACHE_KNOB: self.cache_dir})
-        self.pool.preload(preload or ())
-        self.executor = CuteExecutor(self.pool, self.arch,
-                                     core_knobs.wait_timeout_s(wait_timeout),
-                                     guard=core_knobs.guard_mode())
+        pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
+                                     env_overrides={CACHE_KNOB: self.cache_dir})
+        pool.preload(preload or ())
+        super().__init__(stats, pool, CuteExecutor(pool, self.arch, core_knobs.wait_timeout_s(wait_timeout),
+                                                   guard=core_knobs.guard_mode()))
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
-        # JIT_AHEAD_RECORD_DIR: what is seen before the records are open waits in _unrecorded.
-        self.records: RecordFolder | None = None
-        self._records_lock = threading.Lock()
-        self._unrecorded: list | None = None
-        self._replay_thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.pool.start()
-        hook.install(self._handler)
-        if os.environ.get(RECORD_KNOB, "").strip():
-            self._unrecorded = []
-            self.executor.recorder = self._add_record
-            if "quack" in sys.modules:  # calls of its compile functions are recorded once they are gated
-                library_cache.gate_package("quack")
-            library_cache.set_recorder(self._record_library_call)
-            self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
-                                                   name="jit_ahead-cute-replay")
-            self._replay_thread.start()
+        super().start()
         log.info("cute: %d helpers, arch %s, cache %s", self.pool.workers, self.arch, self.cache_dir)
+
+    def _start_recording(self) -> None:
+        self.executor.recorder = self._record_call
+        if "quack" in sys.modules:  # calls of its compile functions are recorded once they are gated
+            library_cache.gate_package("quack")
+        library_cache.set_recorder(self._record_library_call)
+
+    def _install_hooks(self) -> None:
+        hook.install(self._handler)
+
+    def _remove_hooks(self) -> None:
+        hook.clear_handler(self._handler)
+        if self._replay_thread is not None:
+            library_cache.set_recorder(None)
 
     def capture(self, target=None):
         return capture(target or self.arch)
-
-    def enter_planner(self) -> None:
-        """In a planner process forked from the server: captures need nothing of their own here (the
-        arch is this family's, the device view pinned by the planner)."""
-
-    def note_groups(self, groups) -> None:
-        """CuTe captures have no autotune groups."""
-
-    def note_tuning(self, tasks, priority) -> None:
-        """CuTe captures have no tuning tasks."""
-
-    def tuning_encode(self, task) -> dict:
-        raise TypeError("CuTe captures have no tuning tasks")
-
-    def tuning_decode(self, entry: dict):
-        raise TypeError("CuTe captures have no tuning tasks")
-
-    def tune_ahead(self, budget_bytes: int | None = None) -> dict:
-        """Nothing to tune ahead: CuTe DSL kernels have no autotuner."""
-        return {}
 
     # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
     def plan_header(self) -> dict:
@@ -123,35 +103,18 @@ class CuteFamily:
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
-    def wait_replay(self, timeout: float | None = None) -> bool:
-        """Wait until the records are read and their variants queued; True if that happened in time."""
-        thread = self._replay_thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
-
     # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
-    def _open_records_and_replay(self) -> None:
-        folder = None
-        try:
-            folder = record_folder(record_format(self.arch))
-            items = folder.read() if folder is not None else []
-            requests = [r for r in map(self._replayable, items) if r is not None]
-            tickets = self.submit(requests, Priority.REPLAY, source="record") if requests else []
-            self.pool.stats.emit("replay", family=FAMILY, variants=len(items), queued=len(tickets),
-                                 folder=str(folder.folder) if folder else None)
-            if items:
-                log.info("cute: replaying %d recorded variants (%d not built yet) from %s", len(items),
-                         len(tickets), folder.folder)
-        except Exception:  # records are an optimisation: the server runs on without them
-            log.exception("cute: %s could not be read; no replay, no recording", RECORD_KNOB)
-            folder = None
-        with self._records_lock:
-            self.records = folder if folder is not None and folder.usable else None
-            pending, self._unrecorded = self._unrecorded or [], None
-        for item in pending:
-            self._add_record(item)
+    def _open_records(self) -> dict[str, RecordFolder | None]:
+        folder = record_folder(record_format(self.arch))
+        items = folder.read() if folder is not None else []
+        requests = [r for r in map(self._replayable, items) if r is not None]
+        tickets = self.submit(requests, Priority.REPLAY, source="record") if requests else []
+        self.pool.stats.emit("replay", family=FAMILY, variants=len(items), queued=len(tickets),
+                             folder=str(folder.folder) if folder else None)
+        if items:
+            log.info("cute: replaying %d recorded variants (%d not built yet) from %s", len(items),
+                     len(tickets), folder.folder)
+        return {"records": folder}
 
     def _replayable(self, item):
         """A recorded library call becomes a request keyed by the library as it is now (importing its
@@ -169,25 +132,11 @@ class CuteFamily:
     def _record_library_call(self, module: str, qualname: str, args: tuple, kwargs: tuple) -> None:
         call = LibraryCall(module, qualname, args, kwargs)
         if recordable(call):
-            self._add_record(call)
+            self._add_record("records", call)
 
-    def _add_record(self, item) -> None:
-        with self._records_lock:
-            if self._unrecorded is not None:
-                self._unrecorded.append(item)
-                return
-            records = self.records
-        if records is not None:
-            records.add([item])
-
-    def close(self, grace: float = 2.0) -> None:
-        hook.clear_handler(self._handler)
-        if self._replay_thread is not None:
-            library_cache.set_recorder(None)
-            self._replay_thread.join(timeout=grace)
-        if self.records is not None:
-            self.records.close()
-        self.pool.close(grace)
+    def _record_call(self, request: CuteCompileRequest) -> None:
+        """Each ``cute.compile`` call the executor described."""
+        self._add_record("records", request)
 
 
 def is_built(request: CuteCompileRequest | LibraryCacheRequest) -> bool:

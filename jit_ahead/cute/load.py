@@ -10,13 +10,11 @@ gets the same object.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
-from ..core.executor import JitAfterReadyError, Outcome, obtain, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
-from ..core.table import State
 from .build import build_into, cache_root, object_path
 from .plan import request_from_call
 from .request import FAMILY, CuteCompileRequest
@@ -41,30 +39,21 @@ def build_in_place(request: CuteCompileRequest) -> dict:
     return build_into(request, cache_root())
 
 
-class CuteExecutor:
+class CuteExecutor(ExecutorBase):
     """Handles the server's ``cute.compile`` calls for one pool."""
 
+    family = FAMILY
     build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
     def __init__(self, pool: HelperPool, arch: str, wait_timeout: float, guard: str = "warn") -> None:
-        self.pool = pool
+        super().__init__(pool, wait_timeout, guard)
         self.arch = arch
-        self.wait_timeout = wait_timeout
-        self.guard = guard
-        self._lock = threading.Lock()
         self._loaded: dict[str, object] = {}
-        self._planned: set[str] = set()
         self._unsupported_seen: set[str] = set()
-        self.recorder = None  # called with each described call (JIT_AHEAD_RECORD_DIR)
 
-    def note_planned(self, requests, source: str = "plan") -> None:
-        """Remember planned variants; each new one goes to the stats log once (for the coverage report)."""
-        with self._lock:
-            new = [r for r in requests if r.key not in self._planned]
-            self._planned.update(r.key for r in new)
-        for request in new:
-            self.pool.stats.emit("variant", family=FAMILY, key=request.key, kernel=_kernel(request),
-                                 label=request.label, source=source)
+    @staticmethod
+    def key_of(request) -> str:
+        return request.key
 
     def on_compile(self, compile_callable, func, args, kwargs, in_place):
         """The hook's handler. If handling the call fails, the DSL compiles it in place (the hook logs
@@ -92,7 +81,7 @@ class CuteExecutor:
         except UnsupportedCall as why:
             name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', type(func).__qualname__)}"
             self._unsupported(name, str(why), time.perf_counter() - t0)
-            if self.guard != "off" and self.pool.stats.phase == "serving":
+            if self.guarding():
                 self._guard(name, None, f"cannot be built ahead ({why})")
             return in_place()
         if self.recorder is not None:
@@ -105,21 +94,20 @@ class CuteExecutor:
         if object_path(request).exists():
             outcome, waited = "disk", 0.0
         else:
-            if self.guard != "off" and stats.phase == "serving" and not self._building_ahead(request):
+            if self.guarding() and not self.building_ahead(request.key):
                 self._guard(request.label, request.key, "was not planned")
             result, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
             outcome = result.value
-        with self._lock:
-            planned = request.key in self._planned
+        planned = self.is_planned(request.key)
         if outcome == Outcome.FALLBACK.value:
-            stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=_kernel(request),
+            stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
                        outcome=outcome, planned=planned, seconds=time.perf_counter() - t0)
             log.warning("%s: no build ahead (see above); the DSL compiles it in place", request.label)
             return in_place()
         compiled = load(request)
         with self._lock:
             compiled = self._loaded.setdefault(request.key, compiled)
-        stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=_kernel(request),
+        stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
                    outcome=outcome, planned=planned, seconds=time.perf_counter() - t0, waited=waited)
         return compiled
 
@@ -132,17 +120,5 @@ class CuteExecutor:
         if first:  # once per function: a library may compile it for every shape
             log.warning("cute.compile(%s) is compiled in place, not by jit_ahead: %s", name, why)
 
-    def _building_ahead(self, request: CuteCompileRequest) -> bool:
-        ticket = self.pool.table.get(request.key)
-        return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
-
     def _guard(self, label: str, key: str | None, why: str) -> None:
-        message = f"{label} {why} and needs a compile after serving started"
-        self.pool.stats.emit("guard", family=FAMILY, key=key, label=label, mode=self.guard, message=message)
-        if self.guard == "error":
-            raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
-        log.warning("%s (JIT_AHEAD_MODE=warn)", message)
-
-
-def _kernel(request: CuteCompileRequest) -> str:
-    return f"{request.module}.{request.qualname}"
+        self.report_unplanned(label, key, f"{label} {why} and needs a compile after serving started")

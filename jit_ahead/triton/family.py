@@ -6,21 +6,21 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
 from ..core import device_view
 from ..core import knobs as core_knobs
+from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
-from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
-from . import autotune, cache_check, hook, tuning
+from . import autotune, cache_check, hook
 from .load import TritonExecutor
-from .plan import Capture, capture, reset_after_fork
 from .record import RecordedVariant, compute_installation_key_in_background, record_format
 from .record import decode_for as decode_record_for
 from .record import encode as encode_record
@@ -29,36 +29,34 @@ from .request import FAMILY, TritonCompileRequest
 from .spec import not_importable
 from .standin import install_stand_in
 
+if TYPE_CHECKING:  # planning's modules are imported when a process first plans or tunes
+    from .plan import Capture
+
 log = logging.getLogger("jit_ahead.triton")
 
 SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob="JIT_AHEAD_TRITON_WORKERS",
                   preload_knob="JIT_AHEAD_TRITON_PRELOAD")
 
 
-class TritonFamily:
+class TritonFamily(FamilyBase):
     name = FAMILY
+    # records: the variants this process built or loaded, and its autotune choices (per GPU model)
+    record_kinds = ("records", "tuning_records")
 
     def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
                  preload: tuple[str, ...] | None = None) -> None:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self._view = device_view.ViewOnDemand()  # read when first needed: starting costs no torch import
-        self.pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self._view,
-                                          env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
-        self.pool.preload(preload or ())
-        self.executor = TritonExecutor(self.pool, core_knobs.wait_timeout_s(wait_timeout),
-                                       guard=core_knobs.guard_mode())
+        pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self._view,
+                                     env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
+        pool.preload(preload or ())
+        super().__init__(stats, pool, TritonExecutor(pool, core_knobs.wait_timeout_s(wait_timeout),
+                                                     guard=core_knobs.guard_mode()))
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._previous_listener = None
-        # JIT_AHEAD_RECORD_DIR: variants and autotune choices seen before the records are open wait in
-        # _unrecorded as (folder attribute, item).
-        self.records: RecordFolder | None = None
-        self.tuning_records: RecordFolder | None = None
-        self._records_lock = threading.Lock()
-        self._unrecorded: list[tuple[str, object]] | None = None
-        self._replay_thread: threading.Thread | None = None
         self._plan_decoder = None
-        self.stats = stats
+        self._tuning_lock = threading.Lock()
         self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
 
     @property
@@ -66,20 +64,26 @@ class TritonFamily:
         return self._view.get()
 
     def start(self) -> None:
-        self.pool.start()
         compute_installation_key_in_background()
-        if os.environ.get(RECORD_KNOB, "").strip():
-            self._unrecorded = []
-            self.executor.recorder = self._record
-            autotune.install_recorder(self._record_choice)
-            self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
-                                                   name="jit_ahead-triton-replay")
-            self._replay_thread.start()
+        super().start()
+        log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
+
+    def _start_recording(self) -> None:
+        self.executor.recorder = self._record
+        autotune.install_recorder(self._record_choice)
+
+    def _install_hooks(self) -> None:
         autotune.install_bench_listener(self._on_benchmark)
         hook.install(self._on_miss)
         self._previous_listener = knobs.compilation.listener
         knobs.compilation.listener = self._on_compile
-        log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
+
+    def _remove_hooks(self) -> None:
+        hook.clear_miss_handler(self._on_miss)
+        autotune.remove_recorder(self._record_choice)
+        autotune.remove_bench_listener(self._on_benchmark)
+        if knobs.compilation.listener == self._on_compile:
+            knobs.compilation.listener = self._previous_listener
 
     @contextlib.contextmanager
     def capture(self, target=None) -> Iterator[Capture]:
@@ -87,6 +91,8 @@ class TritonFamily:
         if not self.wait_replay(timeout=60):
             log.warning("triton: records still being read after 60 s; planning goes on without their "
                         "autotune choices")
+        from .plan import capture
+
         with capture(target or GPUTarget(*self.device_view.triton_target)) as plan:
             yield plan
             self.executor.note_autotune_groups(plan.autotune_groups)
@@ -94,6 +100,8 @@ class TritonFamily:
     def enter_planner(self) -> None:
         """In a planner process forked from the server: plan for the server's GPU without touching it
         (a stand-in driver with its target and properties), with no capture of the server's active."""
+        from .plan import reset_after_fork
+
         reset_after_fork()
         install_stand_in(self.device_view)
 
@@ -103,14 +111,14 @@ class TritonFamily:
 
     def note_tuning(self, tasks, priority) -> None:
         """Tuning tasks a planner met (Capture.tuning_tasks); kept in priority order, then first seen."""
-        with self._records_lock:
+        with self._tuning_lock:
             for task in tasks:
                 if task.identity not in self._tuning:
                     self._tuning[task.identity] = (int(priority), len(self._tuning), task)
 
     @property
     def tuning_tasks(self) -> list:
-        with self._records_lock:
+        with self._tuning_lock:
             return [task for _, _, task in sorted(self._tuning.values(), key=lambda e: e[:2])]
 
     def tune_ahead(self, budget_bytes: int | None = None, device=None) -> dict:
@@ -149,6 +157,7 @@ class TritonFamily:
     def _on_benchmark(self, autotuner, args: tuple, kwargs: dict) -> None:
         """An autotuner times one config on this process's GPU: the ``autotune_bench`` event, naming the
         kernel and the tuning key, and whether tune-ahead runs it."""
+        from . import tuning
         from .spec import unwrap_jit_function
         from .tune_ahead import tuning_ahead
 
@@ -158,9 +167,13 @@ class TritonFamily:
                         kernel=f"{kernel.module}.{kernel.fn.__qualname__}" if kernel else "?", tuning_key=repr(key))
 
     def tuning_encode(self, task) -> dict:
+        from . import tuning
+
         return tuning.encode_task(task)
 
     def tuning_decode(self, entry: dict):
+        from . import tuning
+
         return tuning.decode_task(entry)
 
     def plan_decode(self, entry: dict) -> TritonCompileRequest:
@@ -172,6 +185,8 @@ class TritonFamily:
     def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
                priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
         """Queue what is not on disk yet; helpers preload the kernels' modules before building."""
+        from .plan import Capture
+
         if isinstance(requests, Capture):
             self.executor.note_autotune_groups(requests.autotune_groups)
             requests = requests.requests
@@ -192,32 +207,23 @@ class TritonFamily:
         return entry is cache_check.Entry.MISSING
 
     # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
-    def _open_records_and_replay(self) -> None:
+    def _open_records(self) -> dict[str, RecordFolder | None]:
         """Read the matching records of every rank, apply their autotune choices and queue their
-        variants at REPLAY, then record."""
+        variants at REPLAY (those only benchmarked last)."""
         tuning = self._open_tuning_records()
-        try:
-            folder = record_folder(record_format(self.device_view.triton_target))
-            items = folder.read() if folder is not None else []
-            replayed = [item.request for item in items if not item.benchmark_only]
-            spare = [item.request for item in items if item.benchmark_only]
-            tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
-            tickets += self.submit(spare, Priority.SPARE, source="record") if spare else []
-            self.pool.stats.emit("replay", family=FAMILY, variants=len(items), benchmark_only=len(spare),
-                                 queued=len(tickets), folder=str(folder.folder) if folder else None,
-                                 file=str(folder.path) if folder else None)
-            if items:
-                log.info("triton: replaying %d recorded variants (%d only benchmarked, built last; %d not on "
-                         "disk yet) from %s", len(items), len(spare), len(tickets), folder.folder)
-        except Exception:  # records are an optimisation: the server runs on without them
-            log.exception("triton: %s could not be read; no replay, no recording", RECORD_KNOB)
-            folder = None
-        with self._records_lock:
-            self.records = folder if folder is not None and folder.usable else None
-            self.tuning_records = tuning if tuning is not None and tuning.usable else None
-            pending, self._unrecorded = self._unrecorded or [], None
-        for kind, item in pending:
-            self._add_record(kind, item)
+        folder = record_folder(record_format(self.device_view.triton_target))
+        items = folder.read() if folder is not None else []
+        replayed = [item.request for item in items if not item.benchmark_only]
+        spare = [item.request for item in items if item.benchmark_only]
+        tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
+        tickets += self.submit(spare, Priority.SPARE, source="record") if spare else []
+        self.pool.stats.emit("replay", family=FAMILY, variants=len(items), benchmark_only=len(spare),
+                             queued=len(tickets), folder=str(folder.folder) if folder else None,
+                             file=str(folder.path) if folder else None)
+        if items:
+            log.info("triton: replaying %d recorded variants (%d only benchmarked, built last; %d not on "
+                     "disk yet) from %s", len(items), len(spare), len(tickets), folder.folder)
+        return {"records": folder, "tuning_records": tuning}
 
     def _open_tuning_records(self) -> RecordFolder | None:
         """The autotune choices of earlier starts on this GPU model, for autotuners to answer from."""
@@ -233,14 +239,6 @@ class TritonFamily:
         except Exception:  # an optimisation: the autotuners benchmark as they would without it
             log.exception("triton: recorded autotune choices could not be read; autotuners benchmark")
             return None
-
-    def wait_replay(self, timeout: float | None = None) -> bool:
-        """Wait until the records are read and their variants queued; True if that happened in time."""
-        thread = self._replay_thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
 
     def _record(self, request: TritonCompileRequest) -> None:
         """Every variant this process compiled or loaded, once (the executor's first launch of it)."""
@@ -262,16 +260,10 @@ class TritonFamily:
     def _add_record(self, kind: str, item) -> None:
         if not is_dotted_name(item.module) or not_importable(item.module, item.qualname):
             return  # a helper (or the next start) could not import it, so it cannot be replayed
-        with self._records_lock:
-            if self._unrecorded is not None:
-                self._unrecorded.append((kind, item))
-                return
-            records = getattr(self, kind)
-        if records is None:
-            return
-        if kind == "records" and not _fits_header(records, item.request):
-            return
-        records.add([item])
+        super()._add_record(kind, item)
+
+    def _recordable(self, kind: str, item, folder: RecordFolder) -> bool:
+        return kind != "records" or _fits_header(folder, item.request)
 
     def _on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
         """Triton's compilation listener: every compile() of this process, a disk hit or a real compile."""
@@ -283,19 +275,6 @@ class TritonFamily:
                   *(d for _, d in getattr(times, "lowering_stages", None) or ())]
         self.pool.stats.emit("compile", family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
                              cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6)
-
-    def close(self, grace: float = 2.0) -> None:
-        hook.clear_miss_handler(self._on_miss)
-        if self._replay_thread is not None:
-            self._replay_thread.join(timeout=grace)
-        autotune.remove_recorder(self._record_choice)
-        autotune.remove_bench_listener(self._on_benchmark)
-        for records in (self.records, self.tuning_records):
-            if records is not None:
-                records.close()
-        if knobs.compilation.listener == self._on_compile:
-            knobs.compilation.listener = self._previous_listener
-        self.pool.close(grace)
 
 
 def _fits_header(records: RecordFolder, request: TritonCompileRequest) -> bool:

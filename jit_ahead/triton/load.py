@@ -9,16 +9,13 @@ Triton then loads the finished entry from disk. Failures fall back to Triton's n
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 
-from ..core.executor import JitAfterReadyError, Outcome, obtain, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.priority import Priority
 from ..core.table import State
-from .build import compile_request
-from .plan import request_from_hook
 from . import cache_check
 from .cache_check import Entry
 from .variant_diff import nearest
@@ -26,53 +23,53 @@ from .variant_diff import nearest
 log = logging.getLogger("jit_ahead.triton.load")
 
 
+def request_from_hook(fn, compile: dict):
+    """The request of a compile Triton's hook reports (planning's function: its module is imported at the
+    first miss, not by a process that never misses)."""
+    from .plan import request_from_hook as from_hook
+
+    return from_hook(fn, compile)
+
+
 def build_in_place(request) -> dict:
+    from .build import compile_request
+
     return {"hash": compile_request(request).hash}
 
 
-def _kernel(request) -> str:
-    return f"{request.module}.{request.qualname}"
-
-
-class TritonExecutor:
+class TritonExecutor(ExecutorBase):
     """Handles the executor's misses for one pool."""
 
+    family = "triton"
     build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
     def __init__(self, pool: HelperPool, wait_timeout: float, guard: str = "warn") -> None:
-        self.pool = pool
-        self.wait_timeout = wait_timeout
-        self.guard = guard
-        self._lock = threading.Lock()
+        super().__init__(pool, wait_timeout, guard)
         self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
-        self._planned_keys: set[str] = set()
         self._damaged: set[str] = set()  # variants whose cache entry was found damaged (and removed)
         # variant -> the autotuned launches (their variants, in config order) it was planned in
         self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
-        self.recorder = None  # called with each variant this process launches for the first time
-        # what the guard says of planning: set by the session (True once every planning run finished)
-        self.planning_finished = lambda: True
 
-    def note_planned(self, requests, source: str = "plan") -> None:
-        """Remember planned (or recorded: ``source="record"``) variants, to name what differs when an
-        unplanned one compiles; each new one goes to the stats log once (the coverage report compares
-        against them)."""
-        new = []
-        with self._lock:
-            for request in requests:
-                variants = self._planned[_kernel(request)]
-                if request.specialization_data not in variants:
-                    variants[request.specialization_data] = None
-                    self._planned_keys.add(request.predicted_hash)
-                    new.append(request)
-        for request in new:
-            self.pool.stats.emit("variant", family="triton", key=request.predicted_hash, kernel=_kernel(request),
-                                 label=request.label, spec=request.specialization_data, source=source)
+    @staticmethod
+    def key_of(request) -> str:
+        return request.predicted_hash
+
+    def _take_new(self, request) -> bool:
+        # one variant per specialization of a kernel: what ``explain`` compares an unplanned one against
+        variants = self._planned[kernel_of(request)]
+        if request.specialization_data in variants:
+            return False
+        variants[request.specialization_data] = None
+        self._planned_keys.add(request.predicted_hash)
+        return True
+
+    def _variant_fields(self, request) -> dict:
+        return {"spec": request.specialization_data}
 
     def explain(self, request) -> str:
         """How an unplanned variant differs from the nearest planned variant of its kernel."""
         with self._lock:
-            planned = list(self._planned.get(_kernel(request), ()))
+            planned = list(self._planned.get(kernel_of(request), ()))
         if not planned:
             return "no variant of this kernel was planned"
         try:
@@ -106,13 +103,9 @@ class TritonExecutor:
     def _guard(self, request) -> None:
         planning = ("planning had finished" if self.planning_finished()
                     else "planning was still running, so it may have come later")
-        message = (f"{request.label} was not planned and needs a build after serving started (key "
-                   f"{request.predicted_hash[:16]}; {planning}): {self.explain(request)}")
-        self.pool.stats.emit("guard", family="triton", key=request.predicted_hash, label=request.label,
-                             mode=self.guard, message=message)
-        if self.guard == "error":
-            raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
-        log.warning("%s (JIT_AHEAD_MODE=warn)", message)
+        self.report_unplanned(request.label, request.predicted_hash,
+                              f"{request.label} was not planned and needs a build after serving started (key "
+                              f"{request.predicted_hash[:16]}; {planning}): {self.explain(request)}")
 
     def note_autotune_groups(self, groups) -> None:
         """Remember which planned variants an autotuner benchmarks together (Capture.autotune_groups)."""
@@ -158,11 +151,11 @@ class TritonExecutor:
         if entry is Entry.DAMAGED and not self.remove_damaged(request, damage):
             # damaged again after its rebuild: removed, and Triton's own compile makes it anew
             stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                       kernel=_kernel(request), outcome="damaged", seconds=time.perf_counter() - t0)
+                       kernel=kernel_of(request), outcome="damaged", seconds=time.perf_counter() - t0)
             return
         # A damaged entry was built before (by plan or by a launch): its rebuild is no planning gap for
         # the guard to report; the damage has its own line.
-        if entry is not Entry.DAMAGED and self.guard != "off" and stats.phase == "serving":
+        if entry is not Entry.DAMAGED and self.guarding():
             ticket = self.pool.table.get(request.predicted_hash)
             if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING):
                 # planned, not built yet: the launch waits for it (raised to URGENT) or builds it here
@@ -173,11 +166,10 @@ class TritonExecutor:
                 self._guard(request)
         raised = self._raise_autotune_siblings(request)
         outcome, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
-        with self._lock:
-            planned = request.predicted_hash in self._planned_keys
+        planned = self.is_planned(request.predicted_hash)
         unplanned = {} if planned else {"spec": request.specialization_data}  # for the coverage report
         stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                   kernel=_kernel(request), outcome=outcome.value, planned=planned, seconds=waited,
+                   kernel=kernel_of(request), outcome=outcome.value, planned=planned, seconds=waited,
                    siblings_raised=raised, **unplanned)
         if outcome is Outcome.FALLBACK:
             log.warning("%s: no build ahead (see above); Triton compiles it in place", request.label)

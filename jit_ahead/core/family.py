@@ -1,0 +1,230 @@
+"""The family contract: what the session, planning and saved plans ask of a kernel family (Triton, the CuTe
+DSL, one another package adds), declared once, and the base class holding what every family shares.
+
+A family is found by name in ``jit_ahead/registry.py``: the built-in ones, then those other packages
+declare under the entry-point group ``jit_ahead.families``. Its ``FamilyInfo`` names the class below that
+implements it, imported only when a session asks for the family (it imports its DSL).
+
+The parts of a family:
+- its **builder**, a module helpers import (``Builder``): ``prepare(device_view)`` once per helper, then
+  ``build(payload)`` per request; a build on the executor calls the family's ``build_here``;
+- its **executor** side (``ExecutorBase`` in ``core/executor.py``): the DSL's hook calls it on a miss;
+- the **family** itself (``Family``; ``FamilyBase`` holds the shared part): the pool, the hooks, planning's
+  captures, saved-plan entries, records and their replay.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from .priority import Priority
+
+if TYPE_CHECKING:
+    from .device_view import DeviceView
+    from .pool import HelperPool
+    from .records import RecordFolder
+    from .stats import Stats
+    from .table import Ticket
+
+log = logging.getLogger("jit_ahead.family")
+
+
+# -- the contract ----------------------------------------------------------------------------------------------
+@runtime_checkable
+class Builder(Protocol):
+    """The module a family's helpers import (``FamilySpec.builder``)."""
+
+    def prepare(self, view: DeviceView | None = None) -> dict:
+        """Once per helper, before Ready: show the kernel libraries the server's GPU (``view``), pay the fixed
+        costs; returns what the helper reports about itself."""
+
+    def build(self, payload: Any) -> dict:
+        """Build one request's payload into the DSL's cache (atomically); returns details for the stats log.
+        Raises on failure."""
+
+
+@runtime_checkable
+class Family(Protocol):
+    """What the session, planning and saved plans use of a family."""
+
+    name: str
+    pool: HelperPool
+    executor: Any  # an ExecutorBase
+
+    def start(self) -> None:
+        """Start the pool (helpers start when work is queued), install the DSL hooks, open the records."""
+
+    def close(self, grace: float = 2.0) -> None:
+        """Remove every hook and patch this family installed; builds still running after ``grace`` are
+        abandoned."""
+
+    def capture(self, target: Any = None) -> AbstractContextManager:
+        """Planning: a context in which the DSL's launches are captured as requests instead of run."""
+
+    def enter_planner(self) -> None:
+        """In a planner process forked from the server, before it captures anything."""
+
+    def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND,
+               source: str = "plan") -> list[Ticket]:
+        """Queue what is not built yet (a capture or requests); ``source`` is "plan" or "record"."""
+
+    def wait_replay(self, timeout: float | None = None) -> bool:
+        """Wait until the records are read and their variants queued."""
+
+    def note_groups(self, groups: Any) -> None:
+        """Variants built and benchmarked together (an autotuner's configs), found by a planner."""
+
+    def note_tuning(self, tasks: Any, priority: Priority) -> None:
+        """Tuning tasks a planner met, for tune-ahead."""
+
+    def tuning_encode(self, task: Any) -> dict: ...
+
+    def tuning_decode(self, entry: dict) -> Any: ...
+
+    def tune_ahead(self, budget_bytes: int | None = None) -> dict:
+        """Before serving, on the GPU: what would otherwise benchmark while serving."""
+
+    def plan_header(self) -> dict:
+        """What the family's saved entries depend on besides themselves (a saved plan is keyed by it)."""
+
+    def plan_encode(self, request: Any) -> dict: ...
+
+    def plan_decode(self, entry: dict) -> Any: ...
+
+
+class FamilyBase(ABC):
+    """What every family shares: the pool and executor, the start and close order, and records.
+
+    Records (``JIT_AHEAD_RECORD_DIR``): the family's record folders are opened, and their entries replayed,
+    in a thread beside the server's start (``_open_records``); what the family records before they are
+    open waits in a buffer and is written once they are (``_add_record``). A family with several kinds
+    of record (Triton: variants and autotune choices) names each kind by the attribute its folder is
+    kept in."""
+
+    name: ClassVar[str]
+    record_kinds: ClassVar[tuple[str, ...]] = ("records",)
+
+    def __init__(self, stats: Stats, pool: HelperPool, executor: Any) -> None:
+        self.stats = stats
+        self.pool = pool
+        self.executor = executor
+        for kind in self.record_kinds:
+            setattr(self, kind, None)
+        self._records_lock = threading.Lock()
+        self._unrecorded: list[tuple[str, Any]] | None = None
+        self._replay_thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.pool.start()
+        from .records import recording_enabled
+
+        if recording_enabled():
+            self._unrecorded = []
+            self._start_recording()
+            self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
+                                                   name=f"jit_ahead-{self.name}-replay")
+            self._replay_thread.start()
+        self._install_hooks()
+
+    def close(self, grace: float = 2.0) -> None:
+        self._remove_hooks()
+        if self._replay_thread is not None:
+            self._replay_thread.join(timeout=grace)
+        for kind in self.record_kinds:
+            folder = getattr(self, kind)
+            if folder is not None:
+                folder.close()
+        self.pool.close(grace)
+
+    @abstractmethod
+    def _install_hooks(self) -> None:
+        """The DSL's hooks and listeners that send the executor's misses here."""
+
+    @abstractmethod
+    def _remove_hooks(self) -> None:
+        """Undo ``_install_hooks`` and ``_start_recording``: nothing of this family survives its close."""
+
+    def _start_recording(self) -> None:
+        """Where the family learns what to record (its executor's ``recorder``, library hooks)."""
+
+    # -- records ------------------------------------------------------------------------------------------------
+    def _open_records_and_replay(self) -> None:
+        opened: dict[str, RecordFolder | None] = {}
+        try:
+            opened = self._open_records()
+        except Exception:  # records are an optimisation: the server runs on without them
+            from .records import KNOB
+
+            log.exception("%s: %s could not be read; no replay, no recording", self.name, KNOB)
+        with self._records_lock:
+            for kind in self.record_kinds:
+                folder = opened.get(kind)
+                setattr(self, kind, folder if folder is not None and folder.usable else None)
+            pending, self._unrecorded = self._unrecorded or [], None
+        for kind, item in pending:
+            self._add_record(kind, item)
+
+    @abstractmethod
+    def _open_records(self) -> dict[str, RecordFolder | None]:
+        """Open the family's record folders, queue what they hold (at REPLAY); returns them by kind."""
+
+    def _add_record(self, kind: str, item: Any) -> None:
+        """Record ``item`` in the folder of ``kind``, or keep it until the folders are open."""
+        with self._records_lock:
+            if self._unrecorded is not None:
+                self._unrecorded.append((kind, item))
+                return
+            folder = getattr(self, kind)
+        if folder is not None and self._recordable(kind, item, folder):
+            folder.add([item])
+
+    def _recordable(self, kind: str, item: Any, folder: RecordFolder) -> bool:
+        return True
+
+    def wait_replay(self, timeout: float | None = None) -> bool:
+        thread = self._replay_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    # -- planning: what a family without autotuners or planner set-up does ---------------------------------------
+    def enter_planner(self) -> None:
+        """Nothing to set up in a planner process."""
+
+    def note_groups(self, groups: Any) -> None:
+        """No variants are benchmarked together."""
+
+    def note_tuning(self, tasks: Any, priority: Priority) -> None:
+        """No tuning tasks."""
+
+    def tuning_encode(self, task: Any) -> dict:
+        raise TypeError(f"the {self.name} family has no tuning tasks")
+
+    def tuning_decode(self, entry: dict) -> Any:
+        raise TypeError(f"the {self.name} family has no tuning tasks")
+
+    def tune_ahead(self, budget_bytes: int | None = None) -> dict:
+        """Nothing to tune ahead."""
+        return {}
+
+    @abstractmethod
+    def capture(self, target: Any = None) -> AbstractContextManager: ...
+
+    @abstractmethod
+    def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND,
+               source: str = "plan") -> list[Ticket]: ...
+
+    @abstractmethod
+    def plan_header(self) -> dict: ...
+
+    @abstractmethod
+    def plan_encode(self, request: Any) -> dict: ...
+
+    @abstractmethod
+    def plan_decode(self, entry: dict) -> Any: ...

@@ -1,0 +1,125 @@
+"""Which kernel families exist, and what starts them: the built-in ones and those installed packages
+declare under the entry-point group ``jit_ahead.families`` (each entry point names a ``FamilyInfo``).
+
+This module is read by the ``JIT_AHEAD=1`` start-up hook in every process, before anything else of
+jit_ahead: it imports nothing at module level, and the installed packages' entry points are read only
+when a name is not a built-in one. A family's implementation (``core/family.py``'s contract) is imported
+only when a session asks for it, since it imports its DSL.
+"""
+ENTRY_POINT_GROUP = "jit_ahead.families"
+
+
+class FamilyInfo:
+    """A family as the registry knows it, before its DSL is imported (a plain class: a dataclass would cost
+    the start-up hook the import of ``dataclasses``)."""
+
+    __slots__ = ("name", "implementation", "triggers", "misses_are_calls")
+
+    def __init__(self, name: str, implementation: str, triggers: tuple, misses_are_calls: bool = False) -> None:
+        # implementation: "module:Class" of the Family. triggers: modules whose import starts a
+        # JIT_AHEAD=1 session naming this family. misses_are_calls: the coverage report's reading, True
+        # when the family has no compilation listener, so each executor miss is itself what happened to a
+        # call (loaded, waited, built in place, or compiled by the DSL).
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "implementation", implementation)
+        object.__setattr__(self, "triggers", tuple(triggers))
+        object.__setattr__(self, "misses_are_calls", bool(misses_are_calls))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("FamilyInfo is frozen")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FamilyInfo) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"FamilyInfo(name={self.name!r}, implementation={self.implementation!r}, "
+                f"triggers={self.triggers!r}, misses_are_calls={self.misses_are_calls!r})")
+
+    def _fields(self) -> tuple:
+        return (self.name, self.implementation, self.triggers, self.misses_are_calls)
+
+    def load(self) -> type:
+        import importlib
+
+        module, _, cls = self.implementation.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+BUILTIN = (
+    FamilyInfo("triton", "jit_ahead.triton.family:TritonFamily", ("triton",)),
+    FamilyInfo("cute", "jit_ahead.cute.family:CuteFamily", ("cutlass",), misses_are_calls=True),
+)
+_registered: dict = {}  # name -> FamilyInfo: register() and the entry points, once read
+_entry_points_read = False
+
+
+def register(info: FamilyInfo) -> None:
+    """Add a family in this process (for an installed package, the entry-point group is the way)."""
+    if not isinstance(info, FamilyInfo):
+        raise TypeError(f"register() takes a FamilyInfo, not {type(info).__name__}")
+    _registered[info.name] = info
+
+
+def _read_entry_points() -> None:
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    _entry_points_read = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            info = point.load()
+        except Exception as exc:  # one broken package must not take the others with it
+            _log_error("jit_ahead family entry point %s (%s) cannot be loaded (%s: %s); left out",
+                       point.name, point.value, type(exc).__name__, exc)
+            continue
+        if not isinstance(info, FamilyInfo) or info.name != point.name:
+            _log_error("jit_ahead family entry point %s (%s) is not a FamilyInfo named %r; left out",
+                       point.name, point.value, point.name)
+            continue
+        _registered.setdefault(info.name, info)
+
+
+def _log_error(message: str, *args) -> None:
+    import logging
+
+    logging.getLogger("jit_ahead.registry").error(message, *args)
+
+
+def family_info(name: str):
+    """The FamilyInfo of ``name``, or None when no family has that name."""
+    for info in BUILTIN:
+        if info.name == name:
+            return info
+    if name not in _registered:
+        _read_entry_points()
+    return _registered.get(name)
+
+
+def known_families() -> dict:
+    """Every family by name: built-in, registered in this process, and declared by installed packages."""
+    _read_entry_points()
+    return {**{info.name: info for info in BUILTIN}, **_registered}
+
+
+def family_class(name: str) -> type:
+    """The Family class of ``name`` (importing it, and its DSL); ValueError for an unknown name."""
+    info = family_info(name)
+    if info is None:
+        raise ValueError(f"unknown jit_ahead family {name!r}; known: {', '.join(sorted(known_families()))}")
+    return info.load()
+
+
+def triggers(names) -> tuple:
+    """The modules whose import starts a session with the families ``names`` (unknown names skipped)."""
+    found = []
+    for name in names:
+        info = family_info(name)
+        if info is not None:
+            found.extend(info.triggers)
+    return tuple(dict.fromkeys(found))
+
