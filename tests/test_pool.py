@@ -1,8 +1,10 @@
 """The helper pool with the real Triton builder: order, deduplication, failures, crashes, isolation."""
 import dataclasses
 import importlib
+import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +21,7 @@ from jit_ahead.core.table import State
 from jit_ahead.triton import capture
 from jit_ahead.triton.family import SPEC
 
-from .conftest import import_probe, wait_all
+from .conftest import REPO, import_probe, wait_all
 from .kernels import basic as k
 
 
@@ -589,3 +591,61 @@ def test_at_a_process_limit_the_pool_gives_up_in_a_few_lines_and_misses_build_in
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     ours = [line for line in done.stderr.splitlines() if line.startswith("jit_ahead")]
     assert 2 <= len(ours) <= 20 and sum("starts failed in a row" in line for line in ours) == 2, ours
+
+
+ORPHAN_PROBE = r"""
+import ctypes, json, os, signal, subprocess, sys, time
+from jit_ahead.core.forkserver import ForkServer
+from jit_ahead.core.helper_env import helper_environment
+from jit_ahead.core.protocol import Configure, Ready, read_message
+
+# this process adopts orphans (as init would) and so decides when the helper's pid is free again
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+server = ForkServer(python=sys.executable, env=helper_environment(os.environ, {}), start_timeout=120,
+                    build_timeout=120)
+server.start(Configure(sys_path=tuple(sys.path), builder="jit_ahead.triton.build"))
+helper, to_helper, from_helper = server.fork("helper-0")
+assert isinstance(read_message(from_helper), Ready)
+server.process.kill()  # the fork server dies: the helper is orphaned, reparented to this process
+server.process.wait()
+while server.alive:
+    time.sleep(0.01)
+pid = helper.pid
+os.kill(pid, signal.SIGKILL)
+deadline = time.monotonic() + 30
+while True:  # reap it here, as init would: its pid is free
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            break
+    except ChildProcessError:
+        break
+    assert time.monotonic() < deadline, "the orphaned helper was not reaped"
+    time.sleep(0.01)
+stranger = None
+for _ in range(50):  # another process takes the pid (the next pid the kernel gives is pid)
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(pid - 1))
+    candidate = subprocess.Popen(["sleep", "60"])
+    if candidate.pid == pid:
+        stranger = candidate
+        break
+    candidate.kill(); candidate.wait()
+assert stranger is not None, "could not give the pid to another process"
+helper.kill()  # the pool stopping the helper it knows, as it does on close
+time.sleep(0.2)
+alive = stranger.poll() is None
+stranger.kill(); stranger.wait()
+print(json.dumps({"stranger_alive": alive, "helper_returncode": helper.poll()}))
+"""
+
+
+@pytest.mark.skipif(not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
+                    reason="needs root and a writable /proc/sys/kernel/ns_last_pid to give a pid to another process")
+def test_an_orphaned_helper_whose_pid_went_to_another_process_is_never_signalled():
+    # After its fork server died, a forked helper is reaped by whoever adopted it, and its pid may be given
+    # to an unrelated process. Stopping "the helper" then killed that process (the pid was all the pool had).
+    out = subprocess.run([sys.executable, "-c", ORPHAN_PROBE], capture_output=True, text=True, timeout=300,
+                         cwd=str(REPO))
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"stranger_alive": True, "helper_returncode": -9}

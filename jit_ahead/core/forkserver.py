@@ -16,14 +16,13 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import subprocess
 import threading
 import time
 import traceback
-
-import psutil
 
 from .helper_env import start_helper_process
 from .processes import ForkedChild, Spawner, detach_from_server, fork_quietly
@@ -41,20 +40,38 @@ class ForkServerGone(RuntimeError):
 
 class ForkedProcess:
     """A helper forked by the fork server: the part of ``subprocess.Popen`` the pool uses. The fork
-    server reaps it and reports its exit status."""
+    server reaps it and reports its exit status. It is also held by a pidfd, opened when the fork server
+    says it forked it: once the fork server is gone, the helper is reaped by someone else and its pid may
+    be given to another process, which the pidfd tells apart (it refers to this helper alone)."""
 
     def __init__(self, pid: int, server: "ForkServer") -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._server = server
         self._exited = threading.Event()
+        self._pidfd = _open_pidfd(pid)
+        self._pidfd_lock = threading.Lock()
 
     def _set_exit(self, returncode: int) -> None:
         self.returncode = returncode
         self._exited.set()
+        self._close_pidfd()
+
+    def _close_pidfd(self) -> None:
+        with self._pidfd_lock:
+            fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _gone_unreported(self) -> bool:
+        """Its reaper (the fork server) is gone, and so is it."""
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                return _pidfd_exited(self._pidfd)
+        return not _pid_running(self.pid)  # no pidfd (an old kernel): the pid is all there is
 
     def poll(self) -> int | None:
-        if not self._exited.is_set() and not self._server.alive and not _pid_running(self.pid):
+        if not self._exited.is_set() and not self._server.alive and self._gone_unreported():
             self._set_exit(-signal.SIGKILL)  # its reaper is gone; the status is lost with it
         return self.returncode
 
@@ -68,14 +85,37 @@ class ForkedProcess:
         return self.returncode
 
     def kill(self) -> None:
-        if self.poll() is None:
+        if self.poll() is not None:
+            return
+        with self._pidfd_lock:
             try:
-                os.kill(self.pid, signal.SIGKILL)  # still unreaped, so the pid is still this helper's
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)  # this helper, whoever has its pid
+                else:
+                    os.kill(self.pid, signal.SIGKILL)  # still unreaped (poll said so), so still this helper's
             except ProcessLookupError:
                 pass
 
 
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (Linux 5.3 and later), or None. Opened as the fork server reports the fork, while
+    the helper is its unreaped child, so the descriptor is the helper's."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _pidfd_exited(fd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _pid_running(pid: int) -> bool:
+    import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
