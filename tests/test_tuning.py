@@ -313,3 +313,26 @@ def test_an_argument_a_task_cannot_hold_is_named():
         k.tuned_copy_kernel[(1,)](x, torch.empty(256, device="meta"), 256)
     (task,) = plan_.tuning_tasks
     assert task.unsupported == "it takes a tensor subclass (Boxed), which a tuning task cannot hold"
+
+
+def test_tune_ahead_inputs_hold_values_like_activations_and_indices_stay_valid():
+    # Timings on zeros rank configs otherwise than on the requests' data (the GPU clocks differently on
+    # zero operands, kernels may skip work on them): floating-point inputs are drawn in [-1, 1), the same
+    # at every start; integer tensors are zeros, or the values planning had.
+    from jit_ahead.triton import tune_ahead
+
+    def made(spec, seed=0):
+        return tune_ahead._tensor(spec, torch.device("cpu"), torch.Generator().manual_seed(seed))
+
+    floats = made(tuning.TensorSpec((64, 32), (1, 64), "torch.bfloat16"))
+    assert floats.shape == (64, 32) and floats.stride() == (1, 64) and floats.dtype == torch.bfloat16
+    values = floats.float()
+    assert (values != 0).float().mean() > 0.99 and values.min() >= -1 and values.max() <= 1
+    assert values.std() > 0.4  # spread over the range, not a constant
+    assert torch.equal(floats, made(tuning.TensorSpec((64, 32), (1, 64), "torch.bfloat16")))
+    offset = made(tuning.TensorSpec((4, 4), (8, 1), "torch.float32", offset=3))
+    assert offset.storage_offset() == 3 and (offset != 0).all()
+    assert not made(tuning.TensorSpec((16,), (1,), "torch.int32")).any()
+    assert not made(tuning.TensorSpec((16,), (1,), "torch.bool")).any()
+    index = made(tuning.TensorSpec((4,), (1,), "torch.int64", values=(3, 1, 2, 0)))
+    assert index.tolist() == [3, 1, 2, 0]

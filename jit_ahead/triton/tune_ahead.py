@@ -1,9 +1,9 @@
 """Tune ahead: the autotuners' benchmarks run on the GPU before serving, for every tuning key planning met.
 
 Each task (``tuning.py``) is given back to the autotuner it came from, in the server: its arguments are
-made on the GPU (tensors of the planned shapes, strides and dtypes, zero-filled, or holding the values
-planning had for a host index tensor), and ``Autotuner.run`` is called with them and a grid that answers
-each config's grid from the task. The autotuner then does what it would do at the first request that met
+made on the GPU (tensors of the planned shapes, strides and dtypes: floating-point ones hold values like
+activations, the others zeros, or the values planning had for a host index tensor), and
+``Autotuner.run`` is called with them and a grid that answers each config's grid from the task. The autotuner then does what it would do at the first request that met
 the key: prunes, runs its hooks, times every config with its own ``do_bench`` (the configs' variants are
 loaded from helpers' builds, or waited for, by the executor's hook), stores the choice where it stores
 them (``cache_results``; the records), and launches the chosen config once. Kernel selection stays the
@@ -85,16 +85,26 @@ def find_autotuner(task: TuningTask) -> Autotuner | None:
     return None
 
 
-def _tensor(spec: TensorSpec, device: torch.device) -> torch.Tensor:
-    storage = torch.zeros(spec.storage_elements, dtype=spec.torch_dtype, device=device)
+def _tensor(spec: TensorSpec, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A tensor of the planned shape, strides and dtype. Floating-point data is drawn uniformly from
+    [-1, 1), not zeros: the GPU runs arithmetic on zeros at other clocks than on real activations, and a
+    kernel may skip work on them, so timings on zeros can rank configs differently from the requests'
+    own data; bounded values keep exponentials finite. Integer and boolean tensors are zeros (valid
+    indices and masks) unless planning had their values."""
+    dtype = spec.torch_dtype
+    if dtype.is_floating_point:
+        storage = torch.rand(spec.storage_elements, dtype=torch.float32, device=device, generator=generator)
+        storage = storage.mul_(2).sub_(1).to(dtype)
+    else:
+        storage = torch.zeros(spec.storage_elements, dtype=dtype, device=device)
     tensor = storage.as_strided(spec.shape, spec.stride, spec.offset)
     if spec.values is not None:  # a host index tensor planning had: the launch read these values
         tensor.copy_(torch.tensor(spec.values, dtype=spec.torch_dtype).reshape(spec.shape))
     return tensor
 
 
-def _argument(value, device: torch.device):
-    return _tensor(value, device) if isinstance(value, TensorSpec) else value
+def _argument(value, device: torch.device, generator: torch.Generator | None = None):
+    return _tensor(value, device, generator) if isinstance(value, TensorSpec) else value
 
 
 class _Grid:
@@ -134,8 +144,10 @@ def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int) -
                                           f"memory budget ({budget_bytes >> 20} MiB)"))
             continue
         try:
-            args = [_argument(v, device) for v in task.args]
-            kwargs = {k: _argument(v, device) for k, v in task.kwargs}
+            # the same inputs at every start (a meta device, the stand-in driver's, holds no values)
+            generator = None if device.type == "meta" else torch.Generator(device=device).manual_seed(0)
+            args = [_argument(v, device, generator) for v in task.args]
+            kwargs = {k: _argument(v, device, generator) for k, v in task.kwargs}
             token = _ahead.set(True)
             try:
                 autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
