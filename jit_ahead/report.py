@@ -73,109 +73,111 @@ def read_events(path: Path) -> tuple[list[dict], int]:
     return sorted(events, key=lambda e: e["time"]), bad
 
 
-def analyse(events: list[dict], bad_lines: int = 0) -> Coverage:
+def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
+    """The coverage of a stats log's events (``read_events``), read as the typed events of
+    ``core/events.py``; objects that are no declared event (another version's) are passed over."""
+    from .core import events as ev
     from .triton.variant_diff import nearest
 
-    t0 = events[0]["time"] if events else 0.0
+    t0 = records[0]["time"] if records else 0.0
+    typed = [item for item in map(ev.parse, records) if item is not None]
     kernel_of: dict[str, str] = {}
     planned_keys: set[str] = set()
     specs: dict[str, list[str]] = defaultdict(list)  # Triton's specialization JSON, for what differs
     rows: dict[str, KernelRow] = defaultdict(KernelRow)
-    for e in events:  # full kernel names by key: planned variants, and misses (unplanned ones too)
-        if e["event"] == "variant":
-            planned_keys.add(e["key"])
-            kernel_of[e["key"]] = e["kernel"]
-            rows[e["kernel"]].planned += 1
-            if "spec" in e:
-                specs[e["kernel"]].append(e["spec"])
-        elif e["event"] == "executor_miss" and e.get("kernel") and e.get("key"):
-            kernel_of.setdefault(e["key"], e["kernel"])
+    for _, e in typed:  # full kernel names by key: planned variants, and misses (unplanned ones too)
+        if isinstance(e, ev.Variant):
+            planned_keys.add(e.key)
+            kernel_of[e.key] = e.kernel
+            rows[e.kernel].planned += 1
+            if e.spec is not None:
+                specs[e.kernel].append(e.spec)
+        elif isinstance(e, ev.ExecutorMiss) and e.kernel and e.key:
+            kernel_of.setdefault(e.key, e.kernel)
     built, loaded = set(), set()
     starts: dict[tuple, float] = {}
     spans, unplanned, serving_at, tuned = [], [], None, []
 
-    def kernel(e: dict) -> str:
-        return kernel_of.get(e.get("key"), e.get("kernel") or "?")
+    def kernel(key: str | None, name: str | None = None) -> str:
+        return kernel_of.get(key, name or "?")
 
-    for e in events:
-        t = e["time"] - t0
-        name = e["event"]
-        if name == "phase" and e.get("phase") == "serving" and serving_at is None:
+    for stamp, e in typed:
+        t = stamp.time - t0
+        phase = "serving" if stamp.phase == "serving" else "startup"
+        if isinstance(e, ev.Phase) and stamp.phase == "serving" and serving_at is None:
             serving_at = t
-        elif name == "autotune_bench" and not e.get("ahead"):
-            rows[e.get("kernel") or "?"].tuned["serving" if e.get("phase") == "serving" else "startup"].add(
-                e.get("tuning_key"))
-        elif name == "tune_ahead":
-            tuned.append(e)
-            for full, (done, left) in (e.get("kernels") or {}).items():
+        elif isinstance(e, ev.AutotuneBench) and not e.ahead:
+            rows[e.kernel or "?"].tuned[phase].add(e.tuning_key)
+        elif isinstance(e, ev.TuneAhead):
+            tuned.append(e.fields())
+            for full, (done, left) in e.kernels.items():
                 row = rows[full]
                 row.tuned_ahead += done
                 row.tune_left += left
-            if e.get("seconds"):
-                spans.append({"lane": "executor", "start": t - e["seconds"], "end": t, "kind": "tune",
-                              "label": f"tune-ahead: {e.get('tuned_ahead', 0)} tuning keys"})
-        elif name in _START_SPANS and e.get("seconds"):
-            kind, label = _START_SPANS[name]
-            spans.append({"lane": e.get("helper", "?"), "start": t - e["seconds"], "end": t, "kind": kind,
-                          "label": label})
-        elif name == "build_start":
-            starts[(e.get("helper"), e.get("key"))] = t
-        elif name == "build_finish" and e.get("helper") != "executor":
-            row = rows[kernel(e)]
-            if e.get("ok"):
+            if e.seconds:
+                spans.append({"lane": "executor", "start": t - e.seconds, "end": t, "kind": "tune",
+                              "label": f"tune-ahead: {e.tuned_ahead} tuning keys"})
+        elif isinstance(e, (ev.HelperReady, ev.HelperPreloaded)) and e.seconds:
+            kind, label = _START_SPANS[e.name]
+            spans.append({"lane": e.helper, "start": t - e.seconds, "end": t, "kind": kind, "label": label})
+        elif isinstance(e, ev.BuildStart):
+            starts[(e.helper, e.key)] = t
+        elif isinstance(e, ev.BuildFinish) and e.helper != "executor":
+            row = rows[kernel(e.key)]
+            if e.ok:
                 row.built_ahead += 1
-                built.add(e["key"])
+                built.add(e.key)
             else:
                 row.build_failed += 1
-            start = starts.pop((e.get("helper"), e.get("key")), t - (e.get("seconds") or 0))
-            spans.append({"lane": e.get("helper", "?"), "start": start, "end": t,
-                          "kind": "build" if e.get("ok") else "failed", "label": e.get("label", "")})
-        elif name == "compile":
-            if e.get("cache_hit"):
-                if e.get("key") in planned_keys:  # a planned variant loaded (not a reload of a miss)
-                    loaded.add(e["key"])
-                    rows[kernel(e)].loaded += 1
+            start = starts.pop((e.helper, e.key), t - (e.seconds or 0))
+            spans.append({"lane": e.helper, "start": start, "end": t, "kind": "build" if e.ok else "failed",
+                          "label": e.label})
+        elif isinstance(e, ev.Compile):
+            if e.cache_hit:
+                if e.key in planned_keys:  # a planned variant loaded (not a reload of a miss)
+                    loaded.add(e.key)
+                    rows[kernel(e.key, e.kernel)].loaded += 1
             else:
-                phase = "serving" if e.get("phase") == "serving" else "startup"
-                counts = rows[kernel(e)].compiles[phase]
+                counts = rows[kernel(e.key, e.kernel)].compiles[phase]
                 counts[0] += 1
-                counts[1] += e.get("seconds") or 0.0
-                spans.append({"lane": "executor", "start": t - (e.get("seconds") or 0), "end": t,
-                              "kind": "compile", "label": e.get("kernel", "")})
-        elif name == "executor_miss":
-            calls = _misses_are_calls(e.get("family"))
+                counts[1] += e.seconds or 0.0
+                spans.append({"lane": "executor", "start": t - (e.seconds or 0), "end": t, "kind": "compile",
+                              "label": e.kernel})
+        elif isinstance(e, ev.ExecutorMiss):
+            name = kernel(e.key, e.kernel)
+            calls = _misses_are_calls(e.family)
             if calls:  # no compilation listener: the miss itself says what happened to the call
-                _count_call(rows[kernel(e)], e, loaded, planned_keys, spans, t)
-            if e.get("outcome") == "ready" and (e.get("seconds") or 0) > 0:
-                row = rows[kernel(e)]
+                _count_call(rows[name], e, phase, loaded, planned_keys, spans, t)
+            if e.outcome == "ready" and (e.seconds or 0) > 0:
+                row = rows[name]
                 row.waits += 1
-                row.waited_s += e["seconds"]
-                spans.append({"lane": "executor", "start": t - e["seconds"], "end": t, "kind": "wait",
-                              "label": e.get("label", "")})
-            if e.get("planned") is False and "spec" in e:
-                _, diff = nearest(e["spec"], specs.get(kernel(e), []))
-                unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
-                                  "outcome": e.get("outcome"), "differences": diff if specs.get(kernel(e))
-                                  else ["no variant of this kernel was planned"]})
-            elif e.get("planned") is False and calls:
-                unplanned.append({"kernel": kernel(e), "label": e.get("label", ""), "phase": e.get("phase"),
-                                  "outcome": e.get("outcome"), "differences": [e.get("reason") or "not planned"]})
+                row.waited_s += e.seconds
+                spans.append({"lane": "executor", "start": t - e.seconds, "end": t, "kind": "wait", "label": e.label})
+            if e.planned is False and e.spec is not None:
+                _, diff = nearest(e.spec, specs.get(name, []))
+                unplanned.append({"kernel": name, "label": e.label, "phase": stamp.phase, "outcome": e.outcome,
+                                  "differences": diff if specs.get(name) else ["no variant of this kernel was planned"]})
+            elif e.planned is False and calls:
+                unplanned.append({"kernel": name, "label": e.label, "phase": stamp.phase, "outcome": e.outcome,
+                                  "differences": [e.reason or "not planned"]})
     for key in built - loaded:
         rows[kernel_of.get(key, "?")].unused += 1
-    _planned_by(events, rows)
+    _planned_by(typed, rows)
     return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines, tuned)
 
 
-def _planned_by(events: list[dict], rows: dict[str, KernelRow]) -> None:
+def _planned_by(typed: list, rows: dict[str, KernelRow]) -> None:
     """Each kernel's planners, from the ``planned`` events (they name kernels without their module)."""
+    from .core.events import Planned
+
     short: dict[str, list[str]] = defaultdict(list)
     for name in rows:
         short[name.rsplit(".", 1)[-1]].append(name)
-    for e in events:
-        if e["event"] == "planned" and e.get("provider"):
-            for kernel in e.get("kernels") or {}:
+    for _, e in typed:
+        if isinstance(e, Planned) and e.provider:
+            for kernel in e.kernels or {}:
                 for name in short.get(kernel, ()):
-                    rows[name].planners.add(e["provider"])
+                    rows[name].planners.add(e.provider)
 
 
 def _misses_are_calls(family: str | None) -> bool:
@@ -187,20 +189,19 @@ def _misses_are_calls(family: str | None) -> bool:
     return bool(info and info.misses_are_calls)
 
 
-def _count_call(row: KernelRow, e: dict, loaded: set, planned_keys: set, spans: list, t: float) -> None:
+def _count_call(row: KernelRow, e, phase: str, loaded: set, planned_keys: set, spans: list, t: float) -> None:
     """A call of a family whose misses are its calls (the CuTe DSL's ``cute.compile``): a helper's object
     loaded, or a compile in the server (built in place, a failed build's fallback, or a call jit_ahead
     cannot describe)."""
-    if e.get("outcome") in ("disk", "ready"):
-        if e.get("key") in planned_keys:
-            loaded.add(e["key"])
+    if e.outcome in ("disk", "ready"):
+        if e.key in planned_keys:
+            loaded.add(e.key)
             row.loaded += 1
         return
-    counts = row.compiles["serving" if e.get("phase") == "serving" else "startup"]
+    counts = row.compiles[phase]
     counts[0] += 1
-    counts[1] += e.get("seconds") or 0.0
-    spans.append({"lane": "executor", "start": t - (e.get("seconds") or 0), "end": t, "kind": "compile",
-                  "label": e.get("label", "")})
+    counts[1] += e.seconds or 0.0
+    spans.append({"lane": "executor", "start": t - (e.seconds or 0), "end": t, "kind": "compile", "label": e.label})
 
 
 HEADER = ("kernel", "planned by", "planned", "built ahead", "failed", "loaded", "waits", "waited s", "compiles warmup",
@@ -227,7 +228,8 @@ def text(coverage: Coverage) -> str:
     lines.append(f"tuning keys benchmarked by a launch after serving started: {tuned_serving}")
     for e in coverage.tune_ahead:
         why = "; ".join(f"{n} {reason}" for reason, n in (e.get("left_why") or {}).items())
-        lines.append(f"tune-ahead: {e.get('tuned_ahead', 0)} tuning keys benchmarked in {e.get('seconds', 0)} s, "
+        lines.append(f"tune-ahead: {e.get('tuned_ahead', 0)} tuning keys given a choice (benchmarked, or a stored "
+                     f"choice read) in {e.get('seconds', 0)} s, "
                      f"{e.get('chosen_already', 0)} chosen already, {e.get('left', 0)} left to their first launch"
                      + (f" ({why})" if why else ""))
     for item in coverage.unplanned:

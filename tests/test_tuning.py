@@ -261,7 +261,7 @@ def test_the_stats_log_and_the_report_show_what_tune_ahead_did(monkeypatch, tmp_
     row = next(line.split() for line in out.splitlines() if line.startswith("tests.kernels.basic.width_tuned_kernel"))
     assert row[-4:] == ["0", "1", "0", "0"]
     assert "tuning keys benchmarked by a launch after serving started: 1" in out
-    assert "tune-ahead: 1 tuning keys benchmarked in" in out and "1 left to their first launch" in out
+    assert "tune-ahead: 1 tuning keys given a choice (benchmarked, or a stored choice read) in" in out and "1 left to their first launch" in out
     assert "integer tensor x_ptr" in out
 
 

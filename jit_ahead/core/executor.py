@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
+from . import events
 from .pool import HelperPool
 from .priority import Priority
 from .requests import BuildRequest, BuildResult
@@ -96,8 +97,8 @@ class ExecutorBase(ABC):
         with self._lock:
             new = [request for request in requests if self._take_new(request)]
         for request in new:
-            self.pool.stats.emit("variant", family=self.family, key=self.key_of(request), kernel=kernel_of(request),
-                                 label=request.label, source=source, **self._variant_fields(request))
+            self.pool.stats.emit(events.Variant(family=self.family, key=self.key_of(request), kernel=kernel_of(request),
+                                                label=request.label, source=source, **self._variant_fields(request)))
 
     def is_planned(self, key: str) -> bool:
         with self._lock:
@@ -111,7 +112,7 @@ class ExecutorBase(ABC):
     def report_unplanned(self, label: str, key: str | None, message: str) -> None:
         """The guard: a variant needs a build after serving started. A ``guard`` event, then an error
         (JIT_AHEAD_MODE=error) or a warning."""
-        self.pool.stats.emit("guard", family=self.family, key=key, label=label, mode=self.guard, message=message)
+        self.pool.stats.emit(events.Guard(family=self.family, key=key, label=label, mode=self.guard, message=message))
         if self.guard == "error":
             raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
         log.warning("%s (JIT_AHEAD_MODE=warn)", message)
@@ -174,8 +175,8 @@ def _build_in_place(pool: HelperPool, ticket, build_here) -> Outcome:
     except Exception as exc:  # reported below; the DSL's normal path then compiles it
         result = BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
     pool.table.finish(ticket, result)
-    pool.stats.emit("build_finish", family=request.family, key=request.key, label=request.label,
-                    helper="executor", ok=result.ok, error=result.error, seconds=result.seconds)
+    pool.stats.emit(events.BuildFinish(family=request.family, key=request.key, label=request.label,
+                                       helper="executor", ok=result.ok, error=result.error, seconds=result.seconds))
     if result.ok:
         pool.record_local_build(result.seconds)
         return Outcome.BUILT_HERE

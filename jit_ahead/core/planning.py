@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from filelock import FileLock, Timeout
 
+from . import events
 from .limits import EngineLimits
 from .plan_cache import PlanStore, SavedPlan, plan_key
 from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, run_in_thread
@@ -194,8 +195,8 @@ class PlanningRun(Sink):
         path = self._store.save(parts, self._result, self._families)
         if path is not None:
             self.saved_plan = str(path)
-            self._stats.emit("plan_saved", path=str(path), launches=self.launches,
-                             variants=sum(self.variants.values()), seconds=seconds)
+            self._stats.emit(events.PlanSaved(path=str(path), launches=self.launches,
+                                              variants=sum(self.variants.values()), seconds=seconds))
 
     def _use(self, saved: SavedPlan, parts: dict) -> None:
         """Queue a saved plan as planning would have: by priority, what is not on disk yet."""
@@ -216,8 +217,9 @@ class PlanningRun(Sink):
                 queued += len(tickets)
                 self.tickets.extend(tickets)
                 self._mark_queued(above=priority)
-        self._stats.emit("plan_loaded", path=self.saved_plan, launches=saved.launches,
-                         variants=sum(self.variants.values()), queued=queued, planned_seconds=saved.seconds)
+        self._stats.emit(events.PlanLoaded(path=self.saved_plan, launches=saved.launches,
+                                           variants=sum(self.variants.values()), queued=queued,
+                                           planned_seconds=saved.seconds))
         log.info("planning %s: saved plan %s (%d variants, %d of them not built yet; planning it took %.1fs)",
                  type(self._model).__name__, self.saved_plan, sum(self.variants.values()), queued, saved.seconds)
         if saved.errors:
@@ -339,11 +341,11 @@ class PlanningRun(Sink):
 
     def group_done(self, group: int) -> None:
         launch_group = self._groups[group]
-        self._stats.emit("planned", family=launch_group.family, priority=launch_group.priority.name,
-                         provider=_provider_of(launch_group),
-                         kernels=self._group_kernels[group],
-                         launches=len(launch_group.items), variants=self._group_variants[group],
-                         queued=self._group_queued[group], seconds=time.perf_counter() - self._enumeration_started)
+        self._stats.emit(events.Planned(family=launch_group.family, priority=launch_group.priority.name,
+                                        provider=_provider_of(launch_group), kernels=self._group_kernels[group],
+                                        launches=len(launch_group.items), variants=self._group_variants[group],
+                                        queued=self._group_queued[group],
+                                        seconds=time.perf_counter() - self._enumeration_started))
         following = self._groups[group + 1].priority if group + 1 < len(self._groups) else None
         if following != launch_group.priority:
             self._mark_queued(above=following)

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from . import events
 from .device_view import DeviceView, ViewOnDemand
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import helper_environment, start_helper_process
@@ -293,8 +294,8 @@ class HelperPool:
 
     def _report_submit(self, request: BuildRequest, ticket: Ticket, change: str | None) -> None:
         if change is not None:  # a duplicate at the same or a lower level is no event
-            self.stats.emit("queued", family=self.family.name, key=request.key, label=request.label,
-                            priority=ticket.priority.name, raised=change == "raised")
+            self.stats.emit(events.Queued(family=self.family.name, key=request.key, label=request.label,
+                                          priority=ticket.priority.name, raised=change == "raised"))
 
     def preload(self, modules) -> None:
         """Have every helper, present and future, import these modules before its next build."""
@@ -416,7 +417,7 @@ class HelperPool:
                         self._last_busy = time.monotonic()
                     helper.stop(5.0)
                 if outcome not in (Stint.DIED, Stint.CRASHED) and self._retire.is_set():
-                    self.stats.emit("helper_retired", family=self.family.name, helper=helper.name)
+                    self.stats.emit(events.HelperRetired(family=self.family.name, helper=helper.name))
             self.table.notify()  # launches waiting on queued work re-decide: a helper went away
             if outcome is Stint.DIED:
                 if self._closed.wait(backoff):
@@ -494,8 +495,8 @@ class HelperPool:
                       helper.describe_exit() if helper.proc.poll() is not None else "killed")
             helper.stop(0.0)
             return None
-        self.stats.emit("helper_ready", family=self.family.name, helper=helper.name, pid=helper.pid,
-                        seconds=time.perf_counter() - t0, info=ready.info)
+        self.stats.emit(events.HelperReady(family=self.family.name, helper=helper.name, pid=helper.pid,
+                                           seconds=time.perf_counter() - t0, info=ready.info))
         log.debug("%s %s ready (pid %d) in %.2fs", self.family.name, helper.name, helper.pid,
                   time.perf_counter() - t0)
         return helper
@@ -523,8 +524,8 @@ class HelperPool:
         if server is None:
             self._forkserver_preloaded = 0  # a new fork server imports every (good) preload module again
             server, ready, t0 = self._start_forkserver()
-            self.stats.emit("forkserver_ready", family=self.family.name, helper="forkserver", pid=ready.pid,
-                            seconds=time.perf_counter() - t0, info=ready.info)
+            self.stats.emit(events.ForkServerReady(family=self.family.name, helper="forkserver", pid=ready.pid,
+                                                   seconds=time.perf_counter() - t0, info=ready.info))
             with self._lock:
                 keep = self._forking
                 if keep:
@@ -550,7 +551,7 @@ class HelperPool:
                                 self.family.name, module, exc)
                     self._forkserver_died(server)
                     return self._forkserver_with_preloads()
-            self._report_preload("forkserver", new, PreloadDone(failed), t0, event="forkserver_preloaded")
+            self._report_preload("forkserver", new, PreloadDone(failed), t0, event=events.ForkServerPreloaded)
         self._forkserver_preloaded = upto
         return server
 
@@ -631,7 +632,7 @@ class HelperPool:
                 server, self._forkserver = self._forkserver, None
             if server is not None:
                 log.info("%s: no helper for %.0fs; the fork server exits", self.family.name, FORKSERVER_IDLE_S)
-                self.stats.emit("forkserver_idle_exit", family=self.family.name)
+                self.stats.emit(events.ForkServerIdleExit(family=self.family.name))
                 server.close(1.0)
         finally:
             self._forkserver_lock.release()
@@ -673,12 +674,12 @@ class HelperPool:
         return None
 
     def _report_preload(self, who: str, modules: tuple[str, ...], reply: PreloadDone, t0: float,
-                        event: str = "helper_preloaded") -> None:
+                        event: type[events.HelperPreloaded] = events.HelperPreloaded) -> None:
         for module, error in reply.failed.items():
             log.warning("%s %s could not preload %s (%s); its builds will report the error",
                         self.family.name, who, module, error)
-        self.stats.emit(event, family=self.family.name, helper=who, modules=len(modules),
-                        failed=sorted(reply.failed), seconds=time.perf_counter() - t0)
+        self.stats.emit(event(family=self.family.name, helper=who, modules=len(modules),
+                              failed=sorted(reply.failed), seconds=time.perf_counter() - t0))
 
     def _serve(self, helper: _Helper, slot: int) -> Stint:
         """Feed ``helper`` jobs until nothing is left for it, it dies, it needs replacing or the pool
@@ -722,8 +723,8 @@ class HelperPool:
         went (CRASHED: it died building, charged to the request)."""
         request = ticket.request
         job_id = next(self._job_ids)
-        self.stats.emit("build_start", family=self.family.name, key=request.key, label=request.label,
-                        helper=helper.name, priority=ticket.priority.name)
+        self.stats.emit(events.BuildStart(family=self.family.name, key=request.key, label=request.label,
+                                          helper=helper.name, priority=ticket.priority.name))
         if not helper.send(Job(job_id, request)):
             self.table.release(ticket, crashed=False)
             return Stint.DIED
@@ -749,9 +750,9 @@ class HelperPool:
             state = self.table.release(ticket, crashed=True)
             log.warning("%s %s (pid %d) died while building %s (%s); claim released, request %s",
                         self.family.name, helper.name, helper.pid, request.label, how, state.value)
-            self.stats.emit("helper_crash", family=self.family.name, key=request.key, label=request.label,
-                            helper=helper.name, how=how, state=state.value,
-                            seconds=time.perf_counter() - t0)
+            self.stats.emit(events.HelperCrash(family=self.family.name, key=request.key, label=request.label,
+                                               helper=helper.name, how=how, state=state.value,
+                                               seconds=time.perf_counter() - t0))
             if reply is not None:
                 helper.proc.kill()
             return Stint.CRASHED
@@ -762,8 +763,9 @@ class HelperPool:
         else:
             log.error("%s %s failed to build %s:\n%s", self.family.name, helper.name, request.label, result.error)
         self.table.finish(ticket, result)
-        self.stats.emit("build_finish", family=self.family.name, key=request.key, label=request.label,
-                        helper=helper.name, ok=result.ok, error=result.error, seconds=result.seconds)
+        self.stats.emit(events.BuildFinish(family=self.family.name, key=request.key, label=request.label,
+                                           helper=helper.name, ok=result.ok, error=result.error,
+                                           seconds=result.seconds))
         return None
 
     # -- in-place builds on the executor --------------------------------------------------------------------

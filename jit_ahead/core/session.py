@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import registry
-from . import device_view, knobs
+from . import device_view, events, knobs
 from .executor import build_queued_here
 from .limits import EngineLimits
 from .priority import Priority
@@ -202,7 +202,7 @@ class Session:
         for callback in self._serving_listeners:
             callback()
         self.stats.phase = "serving"
-        self.stats.emit("phase")
+        self.stats.emit(events.Phase())
         for family in self.families.values():
             family.pool.retire_when_idle()
 
@@ -216,7 +216,7 @@ class Session:
         for family in self.families.values():
             family.close(grace)
         summary = self.summary()
-        self.stats.emit("summary", **summary)
+        self.stats.emit(events.Summary(summary))
         line = "jit_ahead: " + ", ".join(f"{k} {v}" for k, v in summary.items())
         if self.stats_log is not None:
             self.stats_log.close()

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .events import Event
+
 log = logging.getLogger("jit_ahead.stats")
 
 Listener = Callable[[dict], None]
@@ -24,21 +26,23 @@ class Stats:
         with self._lock:
             self._listeners.append(listener)
 
-    def emit(self, event: str, *, seconds: float | None = None, **fields) -> None:
-        record = {"event": event, "time": time.time(), "phase": self.phase,
-                  "thread": threading.current_thread().name, **fields}
-        if seconds is not None:
-            record["seconds"] = round(seconds, 6)
+    def emit(self, event: Event) -> None:
+        """Stamp ``event`` (time, phase, thread) and hand its JSON object to every listener
+        (``core/events.py`` declares every event)."""
+        name = event.name
+        record = {"event": name, "time": time.time(), "phase": self.phase,
+                  "thread": threading.current_thread().name, **event.fields()}
+        seconds = getattr(event, "seconds", None)
         with self._lock:
-            self._counts[event] += 1
-            if seconds is not None:
-                self._seconds[event] += seconds
+            self._counts[name] += 1
+            if isinstance(seconds, (int, float)):
+                self._seconds[name] += seconds
             listeners = list(self._listeners)
         for listener in listeners:
             try:
                 listener(record)
             except Exception:  # a broken sink must never break a build or a launch
-                log.exception("stats listener %r failed; event %s dropped for it", listener, event)
+                log.exception("stats listener %r failed; event %s dropped for it", listener, name)
 
     def count(self, event: str) -> int:
         with self._lock:

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Iterable
 
-from ..core import device_view
+from ..core import device_view, events
 from ..core import knobs as core_knobs
 from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
@@ -109,8 +109,8 @@ class CuteFamily(FamilyBase):
         items = folder.read() if folder is not None else []
         requests = [r for r in map(self._replayable, items) if r is not None]
         tickets = self.submit(requests, Priority.REPLAY, source="record") if requests else []
-        self.pool.stats.emit("replay", family=FAMILY, variants=len(items), queued=len(tickets),
-                             folder=str(folder.folder) if folder else None)
+        self.pool.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
+                                           folder=str(folder.folder) if folder else None))
         if items:
             log.info("cute: replaying %d recorded variants (%d not built yet) from %s", len(items),
                      len(tickets), folder.folder)

@@ -13,6 +13,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..core import events
 from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from .build import build_into, cache_root, object_path
@@ -100,20 +101,20 @@ class CuteExecutor(ExecutorBase):
             outcome = result.value
         planned = self.is_planned(request.key)
         if outcome == Outcome.FALLBACK.value:
-            stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
-                       outcome=outcome, planned=planned, seconds=time.perf_counter() - t0)
+            stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
+                                           outcome=outcome, planned=planned, seconds=time.perf_counter() - t0))
             log.warning("%s: no build ahead (see above); the DSL compiles it in place", request.label)
             return in_place()
         compiled = load(request)
         with self._lock:
             compiled = self._loaded.setdefault(request.key, compiled)
-        stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
-                   outcome=outcome, planned=planned, seconds=time.perf_counter() - t0, waited=waited)
+        stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
+                                       outcome=outcome, planned=planned, seconds=time.perf_counter() - t0, waited=waited))
         return compiled
 
     def _unsupported(self, name: str, why: str, seconds: float) -> None:
-        self.pool.stats.emit("executor_miss", family=FAMILY, key=None, label=name, kernel=name,
-                             outcome="unsupported", planned=False, seconds=seconds, reason=why)
+        self.pool.stats.emit(events.ExecutorMiss(family=FAMILY, key=None, label=name, kernel=name,
+                                                 outcome="unsupported", planned=False, seconds=seconds, reason=why))
         with self._lock:
             first = name not in self._unsupported_seen
             self._unsupported_seen.add(name)

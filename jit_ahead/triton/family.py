@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
-from ..core import device_view
+from ..core import device_view, events
 from ..core import knobs as core_knobs
 from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
@@ -67,6 +67,10 @@ class TritonFamily(FamilyBase):
         compute_installation_key_in_background()
         super().start()
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
+
+    def close(self, grace: float = 2.0) -> None:
+        super().close(grace)
+        autotune.KNOWN.forget(self)  # after the replay thread: the choices it read go with this session
 
     def _start_recording(self) -> None:
         self.executor.recorder = self._record
@@ -142,7 +146,7 @@ class TritonFamily(FamilyBase):
             budget_bytes = core_knobs.tune_ahead_budget_bytes(free)
         result = tune_ahead.tune(tasks, device, budget_bytes)
         summary = result.summary()
-        self.stats.emit("tune_ahead", **summary)
+        self.stats.emit(events.TuneAhead(**summary))
         for left in result.left:
             log.info("triton: %s not tuned ahead: %s; its first launch tunes it", left.task.label, left.why)
         return summary
@@ -163,8 +167,8 @@ class TritonFamily(FamilyBase):
 
         kernel = unwrap_jit_function(autotuner)
         key = tuning.tuning_key(autotuner, args, kwargs)  # it reads only the kernel's own arguments
-        self.stats.emit("autotune_bench", family=FAMILY, ahead=tuning_ahead(),
-                        kernel=f"{kernel.module}.{kernel.fn.__qualname__}" if kernel else "?", tuning_key=repr(key))
+        self.stats.emit(events.AutotuneBench(family=FAMILY, ahead=tuning_ahead(), tuning_key=repr(key),
+                                             kernel=f"{kernel.module}.{kernel.fn.__qualname__}" if kernel else "?"))
 
     def tuning_encode(self, task) -> dict:
         from . import tuning
@@ -217,9 +221,9 @@ class TritonFamily(FamilyBase):
         spare = [item.request for item in items if item.benchmark_only]
         tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
         tickets += self.submit(spare, Priority.SPARE, source="record") if spare else []
-        self.pool.stats.emit("replay", family=FAMILY, variants=len(items), benchmark_only=len(spare),
-                             queued=len(tickets), folder=str(folder.folder) if folder else None,
-                             file=str(folder.path) if folder else None)
+        self.pool.stats.emit(events.Replay(family=FAMILY, variants=len(items), benchmark_only=len(spare),
+                                           queued=len(tickets), folder=str(folder.folder) if folder else None,
+                                           file=str(folder.path) if folder else None))
         if items:
             log.info("triton: replaying %d recorded variants (%d only benchmarked, built last; %d not on "
                      "disk yet) from %s", len(items), len(spare), len(tickets), folder.folder)
@@ -230,11 +234,11 @@ class TritonFamily(FamilyBase):
         try:
             folder = record_folder(autotune.record_format(self.device_view.triton_target, self.device_view.name))
             choices = folder.read() if folder is not None else []
-            autotune.KNOWN.add(choices)
+            autotune.KNOWN.add(choices, owner=self)
             if choices:
                 log.info("triton: %d recorded autotune choices from %s", len(choices), folder.folder)
-                self.pool.stats.emit("replay_autotune", family=FAMILY, choices=len(choices),
-                                     file=str(folder.path))
+                self.pool.stats.emit(events.ReplayAutotune(family=FAMILY, choices=len(choices),
+                                                           file=str(folder.path)))
             return folder
         except Exception:  # an optimisation: the autotuners benchmark as they would without it
             log.exception("triton: recorded autotune choices could not be read; autotuners benchmark")
@@ -273,8 +277,8 @@ class TritonFamily(FamilyBase):
                      **kwargs)
         micros = [getattr(times, "ir_initialization", 0) or 0, getattr(times, "store_results", 0) or 0,
                   *(d for _, d in getattr(times, "lowering_stages", None) or ())]
-        self.pool.stats.emit("compile", family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
-                             cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6)
+        self.pool.stats.emit(events.Compile(family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
+                                            cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6))
 
 
 def _fits_header(records: RecordFolder, request: TritonCompileRequest) -> bool:

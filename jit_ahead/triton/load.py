@@ -12,6 +12,7 @@ import logging
 import time
 from collections import defaultdict
 
+from ..core import events
 from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.priority import Priority
@@ -89,8 +90,8 @@ class TritonExecutor(ExecutorBase):
             first = key not in self._damaged
             self._damaged.add(key)
         cache_check.remove(key)
-        self.pool.stats.emit("cache_damaged", family="triton", key=key, label=request.label, reason=damage,
-                             rebuilt=first)
+        self.pool.stats.emit(events.CacheDamaged(family="triton", key=key, label=request.label, reason=damage,
+                                                 rebuilt=first))
         if first:
             self.pool.table.forget_done(key)
             log.warning("%s: its Triton cache entry %s is damaged (%s); removed, %s",
@@ -145,13 +146,14 @@ class TritonExecutor(ExecutorBase):
         stats = self.pool.stats
         entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
         if entry is Entry.OK:
-            stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                       outcome="disk", seconds=time.perf_counter() - t0)
+            stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
+                                           outcome="disk", seconds=time.perf_counter() - t0))
             return
         if entry is Entry.DAMAGED and not self.remove_damaged(request, damage):
             # damaged again after its rebuild: removed, and Triton's own compile makes it anew
-            stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                       kernel=kernel_of(request), outcome="damaged", seconds=time.perf_counter() - t0)
+            stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
+                                           kernel=kernel_of(request), outcome="damaged",
+                                           seconds=time.perf_counter() - t0))
             return
         # A damaged entry was built before (by plan or by a launch): its rebuild is no planning gap for
         # the guard to report; the damage has its own line.
@@ -167,9 +169,9 @@ class TritonExecutor(ExecutorBase):
         raised = self._raise_autotune_siblings(request)
         outcome, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
         planned = self.is_planned(request.predicted_hash)
-        unplanned = {} if planned else {"spec": request.specialization_data}  # for the coverage report
-        stats.emit("executor_miss", family="triton", key=request.predicted_hash, label=request.label,
-                   kernel=kernel_of(request), outcome=outcome.value, planned=planned, seconds=waited,
-                   siblings_raised=raised, **unplanned)
+        stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
+                                       kernel=kernel_of(request), outcome=outcome.value, planned=planned,
+                                       seconds=waited, siblings_raised=raised,
+                                       spec=None if planned else request.specialization_data))  # for the report
         if outcome is Outcome.FALLBACK:
             log.warning("%s: no build ahead (see above); Triton compiles it in place", request.label)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from jit_ahead.core import knobs
+from jit_ahead.core import events, knobs
 from jit_ahead.core.device_view import DeviceView
 from jit_ahead.core.executor import ExecutorBase, Outcome, obtain
 from jit_ahead.core.family import FamilyBase
@@ -81,9 +81,10 @@ class ToyExecutor(ExecutorBase):
                                       "a build after serving started")
             result, _ = obtain(self.pool, request.build_request(), build, self.wait_timeout)
             outcome = result.value
-        self.pool.stats.emit("executor_miss", family=FAMILY, key=request.key, label=request.label,
-                             kernel=f"{request.module}.{kernel}", outcome=outcome,
-                             planned=self.is_planned(request.key), seconds=time.perf_counter() - t0)
+        self.pool.stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label,
+                                                 kernel=f"{request.module}.{kernel}", outcome=outcome,
+                                                 planned=self.is_planned(request.key),
+                                                 seconds=time.perf_counter() - t0))
         if outcome == Outcome.FALLBACK.value:
             return dsl.compile_here(kernel, spec)
         return dsl.path_of(kernel, spec).read_text()
@@ -120,7 +121,7 @@ class ToyFamily(FamilyBase):
         folder = record_folder(_record_format())
         items = folder.read() if folder is not None else []
         tickets = self.submit(items, Priority.REPLAY, source="record") if items else []
-        self.stats.emit("replay", family=FAMILY, variants=len(items), queued=len(tickets))
+        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets)))
         return {"records": folder}
 
     @contextlib.contextmanager
