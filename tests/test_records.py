@@ -283,3 +283,21 @@ def test_records_on_a_full_disk_are_one_line_and_recording_stops(full_disk, capl
     folder.close()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "recording stops" in lines[0] and "No space left" in lines[0], lines
+
+
+def test_recorded_choices_are_forgotten_when_their_session_closes(tmp_path, monkeypatch, session_factory):
+    # They answered every later session's autotuners in this process, records or not.
+    from jit_ahead.core.device_view import current
+    from jit_ahead.triton import autotune
+
+    records = tmp_path / "records"
+    records.mkdir(mode=0o700)
+    monkeypatch.setenv("JIT_AHEAD_RECORD_DIR", str(records))
+    view = current()
+    folder = RecordFolder(records, autotune.record_format(view.triton_target, view.name))
+    folder.add([autotune.TuningChoice("tests.kernels.basic", "k", "source", (1,), ("a", "b"), "a")])
+    folder.close()
+    session = session_factory(workers=0)
+    assert session.triton.wait_replay(60) and autotune.KNOWN
+    session.close()
+    assert not autotune.KNOWN

@@ -75,16 +75,29 @@ def choice_of(autotuner: Autotuner, tuning_key, configs) -> TuningChoice | None:
 
 
 class KnownChoices:
-    """The recorded choices of earlier starts, looked up where Triton would look in its own cache."""
+    """The recorded choices of earlier starts, looked up where Triton would look in its own cache. Each
+    family that read them is their owner; they are forgotten when it closes, so that nothing of one session
+    answers another's autotuners."""
 
     def __init__(self) -> None:
+        self._by_owner: dict[int, dict[tuple, TuningChoice]] = {}
         self._by_identity: dict[tuple, TuningChoice] = {}
         self._lock = threading.Lock()
 
-    def add(self, choices) -> None:
+    def add(self, choices, owner: object = None) -> None:
         with self._lock:
+            mine = self._by_owner.setdefault(id(owner), {})
             for choice in choices:
-                self._by_identity[choice.identity] = choice
+                mine[choice.identity] = choice
+            self._merge()
+
+    def forget(self, owner: object) -> None:
+        with self._lock:
+            if self._by_owner.pop(id(owner), None) is not None:
+                self._merge()
+
+    def _merge(self) -> None:  # called with the lock held
+        self._by_identity = {identity: choice for mine in self._by_owner.values() for identity, choice in mine.items()}
 
     def __bool__(self) -> bool:
         """True once any choice is known (an autotuner's configs may then depend on its tuning key)."""
