@@ -7,8 +7,8 @@ limits; for each (kernel, tuning key) it meets first, a capture keeps a ``Tuning
 ``Autotuner.run`` as metadata (tensors by shape, strides and dtype; scalars and constexprs by value) and
 the launch grid of every config, evaluated where planning had the launcher's grid function.
 
-``tune_ahead.py`` gives the tasks back to the autotuners on the GPU, with zero-filled tensors of those
-shapes, so that the autotuner makes its own choice (its configs, pruning, hooks and ``do_bench``) before
+``tune_ahead.py`` gives the tasks back to the autotuners on the GPU, with tensors of those shapes (values
+like activations in floating-point ones), so that the autotuner makes its own choice (its configs, pruning, hooks and ``do_bench``) before
 serving. A task whose timings would depend on values planning did not have (an integer tensor on meta:
 offsets, indices, sequence lengths) says so in ``unsupported`` and is left to its first launch.
 """

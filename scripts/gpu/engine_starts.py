@@ -9,7 +9,12 @@ For each model and limit set, arms in fresh processes, in this order:
   jit-replay   an empty Triton cache, with the plan folder and records of jit-cold (a second node of the
                same deployment: the plan is read, autotune choices come from the records)
   plain-cold   (only with --plain-cold) empty cache, no jit_ahead: what users get without it
-  ARM-norecords  (listed in --arms) that arm with JIT_AHEAD_RECORD_DIR unset: no record read or written
+  prime        (first, unless --no-prime) an untimed plain-cold process of the first model: the first process
+               that runs a model on a freshly started machine serves its first requests at each new shape
+               several times slower than any later process (results/2026-12-04-h200-first-process/); this
+               one pays that, so that no arm does
+  ARM-norecords  (listed in --arms) that arm with JIT_AHEAD_RECORD_DIR unset: no record read or written;
+               jit-cold-norecords starts from an empty cache and plan folder of its own
   busy-plain, busy-jit (with --busy N, after the other arms, N pairs, each pair's order the other way round
                from the last's, as are --warm-pairs): serving on the
                warm cache while jit_ahead plans and builds another model in the background (BUSY_MODEL at
@@ -131,6 +136,66 @@ class AutotuneCounter:
         Autotuner._bench = counted
 
 
+class ServingWatch:
+    """Where the CPU went while serving: each thread of this process (by name), the child processes
+    (helpers, planners, the fork server) and full garbage collections: a slow serving phase with nothing
+    compiling is told apart as work beside the requests (threads, children), collector pauses, or neither."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.gc_pauses: list[float] = []
+        self._gc_start = 0.0
+        self._on = False
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if not self._on or info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pauses.append(time.perf_counter() - self._gc_start)
+
+    @staticmethod
+    def _threads() -> dict[str, float]:
+        import threading
+
+        import psutil
+
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        return {f"{names.get(t.id, 'native')}:{t.id}": t.user_time + t.system_time for t in psutil.Process().threads()}
+
+    @staticmethod
+    def _children() -> dict[int, tuple[str, float]]:
+        import psutil
+
+        out = {}
+        for child in psutil.Process().children(recursive=True):
+            try:
+                times = child.cpu_times()
+                out[child.pid] = (" ".join(child.cmdline()[:3])[-80:], times.user + times.system)
+            except psutil.Error:
+                continue
+        return out
+
+    def start(self) -> None:
+        self._threads0, self._children0, self._main0 = self._threads(), self._children(), time.thread_time()
+        self._on = True
+
+    def stop(self) -> dict:
+        self._on = False
+        threads, children = self._threads(), self._children()
+        busy = {name: round(cpu - self._threads0.get(name, 0.0), 3) for name, cpu in threads.items()}
+        child_cpu = {f"{cmd}:{pid}": round(cpu - self._children0.get(pid, ("", 0.0))[1], 3)
+                     for pid, (cmd, cpu) in children.items()}
+        return {"main_thread_cpu_s": round(time.thread_time() - self._main0, 3),
+                "threads_cpu_s": {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.02},
+                "children_at_start": len(self._children0), "children_at_end": len(children),
+                "children_cpu_s": {k: v for k, v in sorted(child_cpu.items(), key=lambda kv: -kv[1]) if v >= 0.02},
+                "gc_gen2_pauses": len(self.gc_pauses), "gc_gen2_s": round(sum(self.gc_pauses), 3)}
+
+
 def _profile_top(profiler, count: int = 30) -> list[str]:
     """The calls with the most cumulative time from the arm's start to the built model (on Python 3.12
     cProfile sees every thread, so the records replay thread's calls are among them)."""
@@ -191,6 +256,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         torch.cuda.synchronize()
     t_tuned = time.perf_counter() - T0
     counter.phase = tuning.phase = host.phase = "serving"
+    watch = ServingWatch()
+    watch.start()
     latencies, shapes = [], request_mix(SETS[set_name], seed)
     for i, (batch, prompt, new_tokens, padded) in enumerate(shapes):
         lengths = demo_models.prompt_lengths(batch, prompt, seed=seed + i) if padded else None
@@ -199,6 +266,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         torch.cuda.synchronize()
         latencies.append(time.perf_counter() - t0)
     t_end = time.perf_counter() - T0
+    serving_watch = watch.stop()
     worst = max(range(len(latencies)), key=latencies.__getitem__)
     result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "started_s": round(t_started, 2),
               "cuda_ready_s": round(t_cuda, 2), "model_built_s": round(t_model, 2),
@@ -212,6 +280,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
               "autotune_runs_warmup": tuning.runs["warmup"], "autotune_runs_serving": tuning.runs["serving"],
               "host_builds_warmup": host.builds["warmup"], "host_builds_serving": host.builds["serving"]}
     result["choices"] = autotune_choices()
+    result["serving_watch"] = serving_watch
+    result["request_s"] = [round(t, 4) for t in latencies]
     if profile_top is not None:
         result["start_profile"] = profile_top
     if arm == "busy-jit":  # was the background work still going when serving ended?
@@ -237,6 +307,25 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
                       helpers=session.triton.pool.workers)
         session.close()
     return result
+
+
+def run_child(argv: list[str], env: dict, timeout: float, tag: str, what: dict) -> dict:
+    """A script run in a fresh process; the JSON it printed after ``tag``, else ``what`` with the error."""
+    try:
+        proc = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**what, "error": "timed out"}
+    line = next((l for l in proc.stdout.splitlines() if l.startswith(tag)), None)
+    return json.loads(line[len(tag):]) if line else {**what, "error": proc.stderr[-3000:]}
+
+
+def write_report(out: str, name: str, report: dict, lines: list[str]) -> None:
+    """``name``.json and ``name``.md in ``out``, and the markdown printed."""
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def autotune_choices() -> dict:
@@ -343,6 +432,17 @@ def report_lines(report: dict) -> list[str]:
                              f"{mid(lambda r: r['ready_s'] - r['model_built_s'])} | "
                              f"{mid(lambda r: r['warmup_end_s'] - r['ready_s'])} | {mid(lambda r: r['serving_s'])} | "
                              f"{mid(lambda r: r['process_s'] - r['end_s'])} |")
+    watched = [r for r in results if "serving_watch" in r]
+    if watched:
+        lines += ["", "Where the CPU went while serving (ServingWatch): the serving thread's own CPU, the other threads "
+                  "and the child processes with the most, full garbage collections", ""]
+        for r in watched:
+            w = r["serving_watch"]
+            others = {k: v for k, v in w["threads_cpu_s"].items() if not k.startswith("MainThread:")}
+            lines.append(f"- {r['model']} {r['set']} {r['arm']}: serving {r['serving_s']} s, main thread CPU "
+                         f"{w['main_thread_cpu_s']} s; other threads {dict(list(others.items())[:4])}; children "
+                         f"{w['children_at_start']} -> {w['children_at_end']}, CPU {round(sum(w['children_cpu_s'].values()), 2)} s "
+                         f"{dict(list(w['children_cpu_s'].items())[:3])}; gen-2 GC {w['gc_gen2_pauses']} x, {w['gc_gen2_s']} s")
     agreement = choice_agreement(report)
     if agreement:
         lines += ["", "Autotune choices, made ahead against made on the requests' data:", ""] + [f"- {l}" for l in agreement]
@@ -361,6 +461,8 @@ def main() -> int:
                         help="jit-warm/plain-warm pairs per model after the other arms, interleaved")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run's request mix")
     parser.add_argument("--arm-timeout", type=float, default=580)
+    parser.add_argument("--no-prime", dest="prime", action="store_false",
+                        help="skip the untimed first process (see 'prime' above)")
     parser.add_argument("--profile-start", action="store_true",
                         help="profile each arm's main thread up to the built model (start_profile in the json)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
@@ -386,6 +488,16 @@ def main() -> int:
             + pairs("busy-plain", "busy-jit", args.busy))
     results = []
     os.makedirs(args.out, exist_ok=True)
+    if args.prime:  # the first process on a machine pays one-off costs no later one does: none of the arms
+        model, set_name = args.models.split(",")[0], args.sets.split(",")[0]
+        with tempfile.TemporaryDirectory() as scratch:
+            env = dict(os.environ, TRITON_CACHE_DIR=scratch, JIT_AHEAD_PLAN_DIR=scratch)
+            t0 = time.perf_counter()
+            prime = run_child([__file__, "--one", model, set_name, "plain-cold", str(seed)], env, args.arm_timeout,
+                              "ARM ", {"model": model, "set": set_name})
+            prime.update(arm="prime", process_s=round(time.perf_counter() - t0, 2))
+            results.append(prime)
+            print(json.dumps(prime), flush=True)
     for set_name in args.sets.split(","):
         for model in args.models.split(","):
             with tempfile.TemporaryDirectory() as scratch:
@@ -400,18 +512,14 @@ def main() -> int:
                         env["ENGINE_STARTS_PROFILE"] = "1"
                     if arm.endswith("-norecords"):  # the same arm with recording and replay off
                         env.pop("JIT_AHEAD_RECORD_DIR")
+                    if arm.startswith(("jit-cold-", "plain-cold-")):  # another cold arm: cold folders of its own
+                        env.update(TRITON_CACHE_DIR=tempfile.mkdtemp(dir=scratch), JIT_AHEAD_PLAN_DIR=tempfile.mkdtemp(dir=scratch))
                     if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time
                         env["JIT_AHEAD_PLAN_DIR"] = tempfile.mkdtemp(dir=scratch)
                         env.pop("JIT_AHEAD_RECORD_DIR")
                     t0 = time.perf_counter()
-                    try:
-                        proc = subprocess.run([sys.executable, __file__, "--one", model, set_name, arm, str(seed)],
-                                              env=env, capture_output=True, text=True, timeout=args.arm_timeout)
-                        line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
-                        result = json.loads(line[4:]) if line else {"model": model, "set": set_name, "arm": arm,
-                                                                    "error": proc.stderr[-2000:]}
-                    except subprocess.TimeoutExpired:
-                        result = {"model": model, "set": set_name, "arm": arm, "error": "timed out"}
+                    result = run_child([__file__, "--one", model, set_name, arm, str(seed)], env, args.arm_timeout,
+                                       "ARM ", {"model": model, "set": set_name, "arm": arm})
                     result["process_s"] = round(time.perf_counter() - t0, 2)
                     results.append(result)
                     print(json.dumps(result), flush=True)
@@ -420,12 +528,7 @@ def main() -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": versions(), "sets": SETS, "models": MODELS, "requests": REQUESTS, "seed": seed,
               "command": " ".join(sys.argv), "results": results}
-    with open(os.path.join(args.out, "engine_starts.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    lines = report_lines(report)
-    with open(os.path.join(args.out, "engine_starts.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "engine_starts", report, report_lines(report))
     return 0
 
 
