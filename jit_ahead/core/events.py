@@ -1,23 +1,78 @@
 """Every stats event, declared once: its name, what it says and its fields.
 
-An event is a frozen dataclass. ``Stats.emit(event)`` stamps it with the time, the session's phase and the
+An event is a frozen record. ``Stats.emit(event)`` stamps it with the time, the session's phase and the
 thread, and hands subscribers and the stats log one JSON object per event: ``{"event": name, "time": ...,
 "phase": ..., "thread": ..., **fields}``. The coverage report reads log lines back into these classes
 (``parse``). A field listed in a class's ``omitted_when_none`` is left out of the object when it is None
 (the reader tells "no such field" from None there); every other field is always written.
+
+Records are declared as dataclasses are (annotated fields, defaults, frozen instances, equality) but made
+by ``Record`` itself: every ``JIT_AHEAD=1`` process defines all of them at start, and a dataclass costs each
+class the generation of its methods, which a process that never plans nor misses should not pay.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 EVENTS: dict[str, type["Event"]] = {}
 STAMP_FIELDS = ("time", "phase", "thread")
 
 
-@dataclass(frozen=True)
-class Stamp:
+class Factory:
+    """A field's default made anew for each record (``Factory(dict)``), as dataclasses' default_factory."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+
+class Record:
+    """A frozen record whose fields are its class's annotations (after its bases'), with the class-level
+    values as defaults."""
+
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = [n for n, hint in cls.__dict__.get("__annotations__", {}).items()
+               if not str(hint).startswith("ClassVar")]
+        cls._fields = tuple(dict.fromkeys((*cls._fields, *own)))
+        cls._defaults = {**cls._defaults, **{n: cls.__dict__[n] for n in own if n in cls.__dict__}}
+
+    def __init__(self, *args, **kwargs) -> None:
+        cls = type(self)
+        if len(args) > len(cls._fields):
+            raise TypeError(f"{cls.__name__} takes {len(cls._fields)} fields, {len(args)} given")
+        values = dict(zip(cls._fields, args))
+        for key, value in kwargs.items():
+            if key not in cls._fields or key in values:
+                raise TypeError(f"{cls.__name__}: unknown or repeated field {key!r}")
+            values[key] = value
+        for key in cls._fields:
+            if key not in values:
+                if key not in cls._defaults:
+                    raise TypeError(f"{cls.__name__} needs the field {key!r}")
+                default = cls._defaults[key]
+                values[key] = default.make() if isinstance(default, Factory) else default
+        object.__setattr__(self, "__dict__", values)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.__dict__ == self.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), *self.__dict__.values()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
+
+
+class Stamp(Record):
     """What ``Stats.emit`` adds to every event."""
 
     time: float
@@ -25,39 +80,31 @@ class Stamp:
     thread: str
 
 
-@dataclass(frozen=True)
-class Event:
-    name: ClassVar[str]
+class Event(Record):
+    name: ClassVar[str] = ""
     omitted_when_none: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, name: str = "", **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if name:
+            cls.name = name
+            EVENTS[name] = cls
 
     @classmethod
     def from_fields(cls, record: dict) -> "Event | None":
         """The event from a stats-log object's fields; None if one it declares without a default is missing."""
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name in record:
-                kwargs[f.name] = record[f.name]
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                return None
-        return cls(**kwargs)
+        if any(key not in record and key not in cls._defaults for key in cls._fields):
+            return None
+        return cls(**{key: record[key] for key in cls._fields if key in record})
 
     def fields(self) -> dict[str, Any]:
         """The event's fields as the stats log writes them."""
         out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.name in self.omitted_when_none:
+        for key, value in self.__dict__.items():
+            if value is None and key in self.omitted_when_none:
                 continue
-            out[f.name] = round(value, 6) if f.name == "seconds" and isinstance(value, float) else value
+            out[key] = round(value, 6) if key == "seconds" and isinstance(value, float) else value
         return out
-
-
-def _event(name: str):
-    def register(cls):
-        cls.name = name
-        EVENTS[name] = cls
-        return cls
-    return register
 
 
 def parse(record: dict) -> tuple[Stamp, Event] | None:
@@ -76,18 +123,14 @@ def parse(record: dict) -> tuple[Stamp, Event] | None:
 
 
 # -- the session ------------------------------------------------------------------------------------------------
-@_event("phase")
-@dataclass(frozen=True)
-class Phase(Event):
+class Phase(Event, name="phase"):
     """The session's phase changed (to serving: the stamp's phase)."""
 
 
-@_event("summary")
-@dataclass(frozen=True)
-class Summary(Event):
+class Summary(Event, name="summary"):
     """At close: the counts of the one-line summary (``Session.summary``), written as fields of their own."""
 
-    counts: dict = field(default_factory=dict)
+    counts: dict = Factory(dict)
 
     @classmethod
     def from_fields(cls, record: dict) -> "Summary":
@@ -98,9 +141,7 @@ class Summary(Event):
 
 
 # -- planning ---------------------------------------------------------------------------------------------------
-@_event("planned")
-@dataclass(frozen=True)
-class Planned(Event):
+class Planned(Event, name="planned"):
     """A provider's launch group was enumerated: its kernels (name -> new variants) and counts."""
 
     family: str
@@ -113,18 +154,14 @@ class Planned(Event):
     seconds: float
 
 
-@_event("plan_saved")
-@dataclass(frozen=True)
-class PlanSaved(Event):
+class PlanSaved(Event, name="plan_saved"):
     path: str
     launches: int
     variants: int
     seconds: float
 
 
-@_event("plan_loaded")
-@dataclass(frozen=True)
-class PlanLoaded(Event):
+class PlanLoaded(Event, name="plan_loaded"):
     path: str
     launches: int
     variants: int
@@ -132,9 +169,7 @@ class PlanLoaded(Event):
     planned_seconds: float
 
 
-@_event("variant")
-@dataclass(frozen=True)
-class Variant(Event):
+class Variant(Event, name="variant"):
     """A planned (``source="plan"``) or recorded (``"record"``) variant, once; ``spec``: Triton's
     specialization JSON, for naming what an unplanned variant differs in."""
 
@@ -147,9 +182,7 @@ class Variant(Event):
     spec: str | None = None
 
 
-@_event("replay")
-@dataclass(frozen=True)
-class Replay(Event):
+class Replay(Event, name="replay"):
     """A family's records were read and their variants queued."""
 
     omitted_when_none: ClassVar[tuple[str, ...]] = ("benchmark_only", "file")
@@ -161,18 +194,14 @@ class Replay(Event):
     file: str | None = None
 
 
-@_event("replay_autotune")
-@dataclass(frozen=True)
-class ReplayAutotune(Event):
+class ReplayAutotune(Event, name="replay_autotune"):
     family: str
     choices: int
     file: str
 
 
 # -- the pool ---------------------------------------------------------------------------------------------------
-@_event("queued")
-@dataclass(frozen=True)
-class Queued(Event):
+class Queued(Event, name="queued"):
     family: str
     key: str
     label: str
@@ -180,9 +209,7 @@ class Queued(Event):
     raised: bool
 
 
-@_event("helper_ready")
-@dataclass(frozen=True)
-class HelperReady(Event):
+class HelperReady(Event, name="helper_ready"):
     family: str
     helper: str
     pid: int
@@ -190,15 +217,11 @@ class HelperReady(Event):
     info: dict
 
 
-@_event("forkserver_ready")
-@dataclass(frozen=True)
-class ForkServerReady(HelperReady):
+class ForkServerReady(HelperReady, name="forkserver_ready"):
     """The fork server answered its handshake (``helper`` is "forkserver")."""
 
 
-@_event("helper_preloaded")
-@dataclass(frozen=True)
-class HelperPreloaded(Event):
+class HelperPreloaded(Event, name="helper_preloaded"):
     family: str
     helper: str
     modules: int
@@ -206,28 +229,20 @@ class HelperPreloaded(Event):
     seconds: float
 
 
-@_event("forkserver_preloaded")
-@dataclass(frozen=True)
-class ForkServerPreloaded(HelperPreloaded):
+class ForkServerPreloaded(HelperPreloaded, name="forkserver_preloaded"):
     pass
 
 
-@_event("forkserver_idle_exit")
-@dataclass(frozen=True)
-class ForkServerIdleExit(Event):
+class ForkServerIdleExit(Event, name="forkserver_idle_exit"):
     family: str
 
 
-@_event("helper_retired")
-@dataclass(frozen=True)
-class HelperRetired(Event):
+class HelperRetired(Event, name="helper_retired"):
     family: str
     helper: str
 
 
-@_event("build_start")
-@dataclass(frozen=True)
-class BuildStart(Event):
+class BuildStart(Event, name="build_start"):
     family: str
     key: str
     label: str
@@ -235,9 +250,7 @@ class BuildStart(Event):
     priority: str
 
 
-@_event("build_finish")
-@dataclass(frozen=True)
-class BuildFinish(Event):
+class BuildFinish(Event, name="build_finish"):
     """A build ended, in a helper or on the executor (``helper="executor"``)."""
 
     family: str
@@ -249,9 +262,7 @@ class BuildFinish(Event):
     seconds: float
 
 
-@_event("helper_crash")
-@dataclass(frozen=True)
-class HelperCrash(Event):
+class HelperCrash(Event, name="helper_crash"):
     family: str
     key: str
     label: str
@@ -262,9 +273,7 @@ class HelperCrash(Event):
 
 
 # -- the executor -----------------------------------------------------------------------------------------------
-@_event("executor_miss")
-@dataclass(frozen=True)
-class ExecutorMiss(Event):
+class ExecutorMiss(Event, name="executor_miss"):
     """A launch found its variant not loaded. ``outcome``: disk, ready (a helper's build, after a wait of
     ``seconds``), built_here, fallback (the DSL compiles it), damaged, unsupported. ``spec``: an unplanned
     Triton variant's specialization JSON."""
@@ -284,9 +293,7 @@ class ExecutorMiss(Event):
     reason: str | None = None
 
 
-@_event("compile")
-@dataclass(frozen=True)
-class Compile(Event):
+class Compile(Event, name="compile"):
     """A compile() of this process (Triton's compilation listener): a disk hit or a real compile."""
 
     family: str
@@ -296,9 +303,7 @@ class Compile(Event):
     seconds: float
 
 
-@_event("cache_damaged")
-@dataclass(frozen=True)
-class CacheDamaged(Event):
+class CacheDamaged(Event, name="cache_damaged"):
     family: str
     key: str
     label: str
@@ -306,9 +311,7 @@ class CacheDamaged(Event):
     rebuilt: bool
 
 
-@_event("guard")
-@dataclass(frozen=True)
-class Guard(Event):
+class Guard(Event, name="guard"):
     """A variant needed a build after serving started (JIT_AHEAD_MODE)."""
 
     family: str
@@ -319,9 +322,7 @@ class Guard(Event):
 
 
 # -- tuning -----------------------------------------------------------------------------------------------------
-@_event("autotune_bench")
-@dataclass(frozen=True)
-class AutotuneBench(Event):
+class AutotuneBench(Event, name="autotune_bench"):
     """An autotuner timed one config on this process's GPU; ``ahead``: in tune-ahead."""
 
     family: str
@@ -330,14 +331,12 @@ class AutotuneBench(Event):
     tuning_key: str
 
 
-@_event("tune_ahead")
-@dataclass(frozen=True)
-class TuneAhead(Event):
+class TuneAhead(Event, name="tune_ahead"):
     """What tune-ahead did: counts, the reasons keys were left, per kernel [tuned, left]."""
 
     tuned_ahead: int
     chosen_already: int
     left: int
     seconds: float = 0.0
-    left_why: dict = field(default_factory=dict)
-    kernels: dict = field(default_factory=dict)
+    left_why: dict = Factory(dict)
+    kernels: dict = Factory(dict)
