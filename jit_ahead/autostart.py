@@ -1,9 +1,10 @@
 """``JIT_AHEAD=1`` in any process: the start-up hook (``jit_ahead.pth``, run by Python's ``site``).
 
 The ``.pth`` line only reads the variable; when it is set, ``install()`` adds an import watcher and
-returns: nothing else is imported. The session starts right after the process imports Triton (or the CuTe
-DSL, ``cutlass``, when ``JIT_AHEAD_FAMILIES`` names ``cute``), so a process that never uses them never
-pays for jit_ahead (and never starts helpers).
+returns: nothing else is imported but the family registry. The session starts right after the process
+imports the DSL of one of the families ``JIT_AHEAD_FAMILIES`` names (default ``triton``; ``cute``:
+``cutlass``; a package's family: the modules its ``FamilyInfo`` names), so a process that never uses them
+never pays for jit_ahead (and never starts helpers).
 
 Warmup and serving, without an engine calling the lifecycle API: serving is taken to start
 ``JIT_AHEAD_WARMUP_S`` seconds (default 300) after the session started; ``0`` never switches by time.
@@ -63,8 +64,7 @@ def install() -> None:
     try:
         from . import registry  # imports nothing itself: it only knows which module starts which family
 
-        families = [name.strip() for name in os.environ.get("JIT_AHEAD_FAMILIES", "triton").lower().split(",")]
-        names = registry.triggers(families) or registry.triggers(["triton"])
+        names = registry.triggers(registry.requested(os.environ)) or registry.triggers(["triton"])
         if any(name in sys.modules for name in names):
             start_session()
         else:

@@ -67,7 +67,6 @@ def _read_entry_points() -> None:
     global _entry_points_read
     if _entry_points_read:
         return
-    _entry_points_read = True
     from importlib.metadata import entry_points
 
     for point in entry_points(group=ENTRY_POINT_GROUP):
@@ -82,6 +81,7 @@ def _read_entry_points() -> None:
                        point.name, point.value, point.name)
             continue
         _registered.setdefault(info.name, info)
+    _entry_points_read = True  # after the scan: a thread asking meanwhile scans too, it never finds less
 
 
 def _log_error(message: str, *args) -> None:
@@ -101,9 +101,10 @@ def family_info(name: str):
 
 
 def known_families() -> dict:
-    """Every family by name: built-in, registered in this process, and declared by installed packages."""
+    """Every family by name: built-in, registered in this process, and declared by installed packages (a
+    built-in name is always the built-in family, as ``family_info`` finds it)."""
     _read_entry_points()
-    return {**{info.name: info for info in BUILTIN}, **_registered}
+    return {**_registered, **{info.name: info for info in BUILTIN}}
 
 
 def family_class(name: str) -> type:
@@ -112,6 +113,11 @@ def family_class(name: str) -> type:
     if info is None:
         raise ValueError(f"unknown jit_ahead family {name!r}; known: {', '.join(sorted(known_families()))}")
     return info.load()
+
+
+def requested(environ) -> list:
+    """The family names ``JIT_AHEAD_FAMILIES`` lists (lower-case, empty entries dropped; default triton)."""
+    return [n.strip().lower() for n in environ.get("JIT_AHEAD_FAMILIES", "triton").split(",") if n.strip()]
 
 
 def triggers(names) -> tuple:

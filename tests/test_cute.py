@@ -74,7 +74,7 @@ def test_a_helper_built_object_loads_in_another_process_with_the_original_signat
     loaded = run_python(f"""
         import inspect, json, pickle
         from pathlib import Path
-        from jit_ahead.cute.load import load
+        from jit_ahead.cute.executor import load
         from tests.kernels import cute_add
         request = pickle.loads(bytes.fromhex({__import__("pickle").dumps(request).hex()!r}))
         fn = load(request, Path({str(tmp_path)!r}))

@@ -1,6 +1,8 @@
 """Stats events are declared once (core/events.py): what a log line says is read back into its class."""
 import json
 
+import pytest
+
 from jit_ahead.core import events
 from jit_ahead.core.stats import Stats
 
@@ -37,6 +39,17 @@ def test_lines_of_no_declared_event_or_missing_a_field_are_passed_over():
 
 
 def test_every_event_has_one_name_and_subclasses_keep_their_own():
-    assert len(events.EVENTS) == len(set(events.EVENTS.values()))
+    assert sorted(events.EVENTS) == sorted([
+        "phase", "summary", "planned", "plan_saved", "plan_loaded", "variant", "replay", "replay_autotune",
+        "queued", "helper_ready", "forkserver_ready", "helper_preloaded", "forkserver_preloaded",
+        "forkserver_idle_exit", "helper_retired", "build_start", "build_finish", "helper_crash", "executor_miss",
+        "compile", "cache_damaged", "guard", "autotune_bench", "tune_ahead"])
     assert events.ForkServerReady.name == "forkserver_ready" and events.HelperReady.name == "helper_ready"
-    assert all(cls.name == name for name, cls in events.EVENTS.items())
+    assert events.ForkServerReady._fields == events.HelperReady._fields
+    with pytest.raises(TypeError, match="two stats events are named 'guard'"):
+        class AnotherGuard(events.Event, name="guard"):
+            label: str
+    with pytest.raises(TypeError, match="needs the field 'key'"):
+        events.BuildStart(family="triton", label="x", helper="h", priority="URGENT")
+    with pytest.raises(AttributeError, match="frozen"):
+        events.Phase().x = 1

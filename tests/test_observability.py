@@ -137,7 +137,7 @@ def test_a_failure_in_miss_handling_does_not_switch_the_guard_off(monkeypatch, c
         def broken(fn, compile, env=None):
             raise RuntimeError("a bug in jit_ahead's miss handling")
 
-        monkeypatch.setattr("jit_ahead.triton.load.request_from_hook", broken)
+        monkeypatch.setattr("jit_ahead.triton.executor.request_from_hook", broken)
         if mode == "error":
             with pytest.raises(JitAfterReadyError, match="could not handle the miss .RuntimeError: a bug"):
                 k.add_kernel[(1,)](X, X, X, 4096, BLOCK=1024)

@@ -317,8 +317,8 @@ def test_an_argument_a_task_cannot_hold_is_named():
 
 def test_tune_ahead_inputs_hold_values_like_activations_and_indices_stay_valid():
     # Timings on zeros rank configs otherwise than on the requests' data (the GPU clocks differently on
-    # zero operands, kernels may skip work on them): floating-point inputs are drawn in [-1, 1), the same
-    # at every start; integer tensors are zeros, or the values planning had.
+    # zero operands, kernels may skip work on them): floating-point inputs are drawn in [-1, 1], the same
+    # for the same seed; integer tensors are zeros, or the values planning had.
     from jit_ahead.triton import tune_ahead
 
     def made(spec, seed=0):
@@ -334,5 +334,7 @@ def test_tune_ahead_inputs_hold_values_like_activations_and_indices_stay_valid()
     assert offset.storage_offset() == 3 and (offset != 0).all()
     assert not made(tuning.TensorSpec((16,), (1,), "torch.int32")).any()
     assert not made(tuning.TensorSpec((16,), (1,), "torch.bool")).any()
+    fp8 = made(tuning.TensorSpec((64,), (1,), "torch.float8_e4m3fn")).float()
+    assert (fp8 != 0).float().mean() > 0.9 and fp8.abs().max() <= 1
     index = made(tuning.TensorSpec((4,), (1,), "torch.int64", values=(3, 1, 2, 0)))
     assert index.tolist() == [3, 1, 2, 0]

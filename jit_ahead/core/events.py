@@ -35,7 +35,7 @@ class Record:
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         own = [n for n, hint in cls.__dict__.get("__annotations__", {}).items()
-               if not str(hint).startswith("ClassVar")]
+               if "ClassVar" not in str(hint)]
         cls._fields = tuple(dict.fromkeys((*cls._fields, *own)))
         cls._defaults = {**cls._defaults, **{n: cls.__dict__[n] for n in own if n in cls.__dict__}}
 
@@ -87,6 +87,8 @@ class Event(Record):
     def __init_subclass__(cls, name: str = "", **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if name:
+            if name in EVENTS:
+                raise TypeError(f"two stats events are named {name!r}: {EVENTS[name].__name__}, {cls.__name__}")
             cls.name = name
             EVENTS[name] = cls
 

@@ -104,10 +104,10 @@ class ExecutorBase(ABC):
         with self._lock:
             return key in self._planned_keys
 
-    def building_ahead(self, key: str) -> bool:
-        """A helper is building it or it is queued: planned, not built yet."""
+    def building_ahead(self, key: str):
+        """Its ticket when a helper is building it or it is queued (planned, not built yet), else None."""
         ticket = self.pool.table.get(key)
-        return ticket is not None and ticket.state in (State.QUEUED, State.RUNNING)
+        return ticket if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING) else None
 
     def report_unplanned(self, label: str, key: str | None, message: str) -> None:
         """The guard: a variant needs a build after serving started. A ``guard`` event, then an error

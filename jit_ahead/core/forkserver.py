@@ -57,6 +57,9 @@ class ForkedProcess:
         self._exited.set()
         self._close_pidfd()
 
+    def __del__(self) -> None:  # a helper whose exit nobody saw: its descriptor goes with this object
+        self._close_pidfd()
+
     def _close_pidfd(self) -> None:
         with self._pidfd_lock:
             fd, self._pidfd = self._pidfd, None

@@ -154,7 +154,9 @@ def preload_modules(knob: str) -> tuple[str, ...]:
 
 def family_names() -> list[str]:
     """JIT_AHEAD_FAMILIES as written: lower-case names, comma-separated (default ``triton``)."""
-    return [n.strip().lower() for n in os.environ.get("JIT_AHEAD_FAMILIES", "triton").split(",") if n.strip()]
+    from .. import registry
+
+    return registry.requested(os.environ)
 
 
 def families() -> tuple[str, ...]:

@@ -74,9 +74,7 @@ class Session:
         self._closed = False
         self._planning: list[PlanningRun] = []
         for family in self.families.values():  # the guard says whether an unplanned variant may come later
-            executor = getattr(family, "executor", None)
-            if executor is not None:
-                executor.planning_finished = lambda: all(run.done for run in self._planning)
+            family.executor.planning_finished = lambda: all(run.done for run in self._planning)
         self._plans: PlanStore | bool | None = None  # saved plans (JIT_AHEAD_PLAN_DIR); False: none
         self._serving_listeners: list = []
 

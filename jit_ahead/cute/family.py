@@ -24,7 +24,7 @@ from . import hook, library_cache
 from .arch import arch_of
 from .build import CACHE_KNOB, cache_root, object_path
 from .library_cache import LibraryCacheRequest
-from .load import CuteExecutor
+from .executor import CuteExecutor
 from .plan import Capture, capture
 from .record import LibraryCall, recordable, record_format
 from .record import decode_for as decode_record_for

@@ -20,7 +20,7 @@ from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
 from . import autotune, cache_check, hook
-from .load import TritonExecutor
+from .executor import TritonExecutor
 from .record import RecordedVariant, compute_installation_key_in_background, record_format
 from .record import decode_for as decode_record_for
 from .record import encode as encode_record
@@ -57,6 +57,7 @@ class TritonFamily(FamilyBase):
         self._previous_listener = None
         self._plan_decoder = None
         self._tuning_lock = threading.Lock()
+        self._closing = False
         self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
 
     @property
@@ -69,8 +70,9 @@ class TritonFamily(FamilyBase):
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
     def close(self, grace: float = 2.0) -> None:
+        self._closing = True  # a replay thread still reading forgets what it adds (_open_tuning_records)
         super().close(grace)
-        autotune.KNOWN.forget(self)  # after the replay thread: the choices it read go with this session
+        autotune.KNOWN.forget(self)  # the choices this session read go with it
 
     def _start_recording(self) -> None:
         self.executor.recorder = self._record
@@ -215,6 +217,14 @@ class TritonFamily(FamilyBase):
         """Read the matching records of every rank, apply their autotune choices and queue their
         variants at REPLAY (those only benchmarked last)."""
         tuning = self._open_tuning_records()
+        try:
+            folder = self._replay_variants()
+        except Exception:  # records are an optimisation; the autotune choices still serve and are recorded
+            log.exception("triton: %s could not be read; no replay, no recording of variants", "JIT_AHEAD_RECORD_DIR")
+            folder = None
+        return {"records": folder, "tuning_records": tuning}
+
+    def _replay_variants(self) -> RecordFolder | None:
         folder = record_folder(record_format(self.device_view.triton_target))
         items = folder.read() if folder is not None else []
         replayed = [item.request for item in items if not item.benchmark_only]
@@ -227,7 +237,7 @@ class TritonFamily(FamilyBase):
         if items:
             log.info("triton: replaying %d recorded variants (%d only benchmarked, built last; %d not on "
                      "disk yet) from %s", len(items), len(spare), len(tickets), folder.folder)
-        return {"records": folder, "tuning_records": tuning}
+        return folder
 
     def _open_tuning_records(self) -> RecordFolder | None:
         """The autotune choices of earlier starts on this GPU model, for autotuners to answer from."""
@@ -235,6 +245,8 @@ class TritonFamily(FamilyBase):
             folder = record_folder(autotune.record_format(self.device_view.triton_target, self.device_view.name))
             choices = folder.read() if folder is not None else []
             autotune.KNOWN.add(choices, owner=self)
+            if self._closing:  # closed while reading: close() may have forgotten this family's choices already
+                autotune.KNOWN.forget(self)
             if choices:
                 log.info("triton: %d recorded autotune choices from %s", len(choices), folder.folder)
                 self.pool.stats.emit(events.ReplayAutotune(family=FAMILY, choices=len(choices),

@@ -85,16 +85,21 @@ def find_autotuner(task: TuningTask) -> Autotuner | None:
     return None
 
 
+_DRAWN_IN_PLACE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def _tensor(spec: TensorSpec, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
     """A tensor of the planned shape, strides and dtype. Floating-point data is drawn uniformly from
-    [-1, 1), not zeros: the GPU runs arithmetic on zeros at other clocks than on real activations, and a
+    [-1, 1] (rounded to the dtype), not zeros: the GPU runs arithmetic on zeros at other clocks than on real activations, and a
     kernel may skip work on them, so timings on zeros can rank configs differently from the requests'
     own data; bounded values keep exponentials finite. Integer and boolean tensors are zeros (valid
     indices and masks) unless planning had their values."""
     dtype = spec.torch_dtype
-    if dtype.is_floating_point:
-        storage = torch.rand(spec.storage_elements, dtype=torch.float32, device=device, generator=generator)
-        storage = storage.mul_(2).sub_(1).to(dtype)
+    if dtype in _DRAWN_IN_PLACE:  # no temporary: the inputs stay within the memory budget they were counted in
+        storage = torch.empty(spec.storage_elements, dtype=dtype, device=device).uniform_(-1, 1, generator=generator)
+    elif dtype.is_floating_point:  # float8: drawn in bfloat16 first (half again its own size)
+        storage = torch.empty(spec.storage_elements, dtype=torch.bfloat16, device=device)
+        storage = storage.uniform_(-1, 1, generator=generator).to(dtype)
     else:
         storage = torch.zeros(spec.storage_elements, dtype=dtype, device=device)
     tensor = storage.as_strided(spec.shape, spec.stride, spec.offset)

@@ -139,7 +139,9 @@ class AutotuneCounter:
 class ServingWatch:
     """Where the CPU went while serving: each thread of this process (by name), the child processes
     (helpers, planners, the fork server) and full garbage collections: a slow serving phase with nothing
-    compiling is told apart as work beside the requests (threads, children), collector pauses, or neither."""
+    compiling is told apart as work beside the requests (threads, children), collector pauses, or neither.
+    It sees the threads and children alive at the end of serving (one that exits earlier takes its CPU with
+    it) and lists those with 0.02 s or more."""
 
     def __init__(self) -> None:
         import gc
@@ -328,23 +330,28 @@ def write_report(out: str, name: str, report: dict, lines: list[str]) -> None:
     print("\n".join(lines))
 
 
-def autotune_choices() -> dict:
-    """Every choice the kernel libraries' autotuners hold at the end of an arm: "module.kernel key" -> config,
-    to compare the choices made ahead (zero-filled inputs) with those made on the requests' own data."""
+def autotuners() -> dict:
+    """Every autotuner of the kernel libraries' imported modules: "module.kernel" -> Autotuner."""
     from triton.runtime.autotuner import Autotuner
 
-    choices = {}
+    found = {}
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith(("fla.", "liger_kernel.")):
             continue
         for value in list(vars(module).values()):
             for _ in range(4):
                 if isinstance(value, Autotuner):
-                    for key, config in list(value.cache.items()):
-                        choices[f"{name}.{value.base_fn.__name__} {list(key)}"] = str(config)
+                    found[f"{name}.{value.base_fn.__name__}"] = value
                     break
                 value = getattr(value, "fn", None)
-    return choices
+    return found
+
+
+def autotune_choices() -> dict:
+    """Every choice the kernel libraries' autotuners hold at the end of an arm: "module.kernel key" -> config,
+    to compare the choices made ahead with those made on the requests' own data."""
+    return {f"{name} {list(key)}": str(config) for name, tuner in autotuners().items()
+            for key, config in list(tuner.cache.items())}
 
 
 def choice_agreement(report: dict) -> list[str]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """GPU time of the kernels the autotuners chose ahead against the kernels they choose while serving.
 
-jit_ahead's tune-ahead lets each autotuner benchmark its configs before serving, on zero-filled inputs of
-the planned shapes; without it the autotuner benchmarks them on the first request's own data. Both are
+jit_ahead's tune-ahead lets each autotuner benchmark its configs before serving, on inputs of the planned
+shapes (random values since 7a01651, zeros before); without it the autotuner benchmarks them on the first request's own data. Both are
 the autotuner's own choice, but the inputs differ, and so may the choice. This measures what that costs
 a request, per model, in one process:
 
@@ -37,28 +37,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_starts import SETS, AutotuneCounter, build, request_mix, run_child, write_report  # noqa: E402
+from engine_starts import SETS, AutotuneCounter, autotuners, build, request_mix, run_child, write_report  # noqa: E402
 from serving_loop import versions  # noqa: E402
 
 REPS = 3
 SETS_TIMED = ("ahead", "serving", "serving2")
-
-
-def autotuners() -> dict:
-    """Every autotuner of the kernel libraries' imported modules: "module.kernel" -> Autotuner."""
-    from triton.runtime.autotuner import Autotuner
-
-    found = {}
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(("fla.", "liger_kernel.")):
-            continue
-        for value in list(vars(module).values()):
-            for _ in range(4):
-                if isinstance(value, Autotuner):
-                    found[f"{name}.{value.base_fn.__name__}"] = value
-                    break
-                value = getattr(value, "fn", None)
-    return found
 
 
 def snapshot(tuners: dict) -> dict:

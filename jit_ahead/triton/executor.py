@@ -16,12 +16,11 @@ from ..core import events
 from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.priority import Priority
-from ..core.table import State
 from . import cache_check
 from .cache_check import Entry
 from .variant_diff import nearest
 
-log = logging.getLogger("jit_ahead.triton.load")
+log = logging.getLogger("jit_ahead.triton.executor")
 
 
 def request_from_hook(fn, compile: dict):
@@ -158,8 +157,8 @@ class TritonExecutor(ExecutorBase):
         # A damaged entry was built before (by plan or by a launch): its rebuild is no planning gap for
         # the guard to report; the damage has its own line.
         if entry is not Entry.DAMAGED and self.guarding():
-            ticket = self.pool.table.get(request.predicted_hash)
-            if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING):
+            ticket = self.building_ahead(request.predicted_hash)
+            if ticket is not None:
                 # planned, not built yet: the launch waits for it (raised to URGENT) or builds it here
                 log.warning("%s was planned but is still %s (%s, %d queued ahead) when serving needs it",
                             request.label, ticket.state.value, ticket.priority.name,

@@ -21,7 +21,7 @@ from .plan import request_from_call
 from .request import FAMILY, CuteCompileRequest
 from .spec import UnsupportedCall
 
-log = logging.getLogger("jit_ahead.cute.load")
+log = logging.getLogger("jit_ahead.cute.executor")
 
 
 def load(request: CuteCompileRequest, root: Path | None = None):
