@@ -18,7 +18,8 @@ from jit_ahead.core.session import Session
 from jit_ahead.report import analyse
 
 from .toy import dsl
-from .toy.family import INFO, ToyFamily
+from .toy import INFO
+from .toy.family import ToyFamily
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = REPO / "jit_ahead" / "core"
@@ -31,7 +32,7 @@ def toy(tmp_path, monkeypatch):
     dist = tmp_path / "site" / "toy_jit_family-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-jit-family\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[jit_ahead.families]\ntoy = tests.toy.family:INFO\n")
+    (dist / "entry_points.txt").write_text("[jit_ahead.families]\ntoy = tests.toy:INFO\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setattr(registry, "_registered", {})
     monkeypatch.setattr(registry, "_entry_points_read", False)
@@ -65,7 +66,7 @@ def test_the_entry_point_group_registers_a_family_and_a_session_starts_it(toy):
 
 def test_a_broken_entry_point_is_one_line_and_leaves_the_others(toy, tmp_path, caplog):
     (tmp_path / "site" / "toy_jit_family-0.1.dist-info" / "entry_points.txt").write_text(
-        "[jit_ahead.families]\ntoy = tests.toy.family:INFO\nbroken = tests.toy.nonesuch:INFO\nwrong = tests.toy.family:SPEC\n")
+        "[jit_ahead.families]\ntoy = tests.toy:INFO\nbroken = tests.toy.nonesuch:INFO\nwrong = tests.toy.family:SPEC\n")
     assert registry.family_info("toy") == INFO
     assert registry.family_info("broken") is None and registry.family_info("wrong") is None
     lines = [r.getMessage() for r in caplog.records if r.name == "jit_ahead.registry"]

@@ -1,7 +1,7 @@
 """The toy family on the family contract: what a third family writes (about as much as this file).
 
-It is its own builder module too (``prepare``/``build``), as helpers import it by name; its FamilyInfo,
-``INFO``, is what a package names under the ``jit_ahead.families`` entry-point group.
+It is its own builder module too (``prepare``/``build``), as helpers import it by name; its FamilyInfo is
+in ``tests/toy/__init__.py``.
 """
 from __future__ import annotations
 
@@ -18,12 +18,10 @@ from jit_ahead.core.pool import FamilySpec, HelperPool
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.records import RecordFormat, RecordFolder, record_folder
 from jit_ahead.core.requests import BuildRequest
-from jit_ahead.registry import FamilyInfo
 
-from . import dsl
+from . import INFO, dsl
 
-FAMILY = "toy"
-INFO = FamilyInfo(FAMILY, "tests.toy.family:ToyFamily", triggers=("tests.toy.dsl",), misses_are_calls=True)
+FAMILY = INFO.name
 SPEC = FamilySpec(name=FAMILY, builder="tests.toy.family", workers_knob="TOY_WORKERS", preload_knob="TOY_PRELOAD")
 
 
