@@ -50,6 +50,7 @@ class ForkedProcess:
         self._server = server
         self._exited = threading.Event()
         self._pidfd = _open_pidfd(pid)
+        self._opened_by = os.getpid()  # a fork of this process has the object, not the descriptor's number
         self._pidfd_lock = threading.Lock()
 
     def _set_exit(self, returncode: int) -> None:
@@ -58,7 +59,8 @@ class ForkedProcess:
         self._close_pidfd()
 
     def __del__(self) -> None:  # a helper whose exit nobody saw: its descriptor goes with this object
-        self._close_pidfd()
+        if os.getpid() == self._opened_by:  # in a fork, that number was closed at the fork and may be reused
+            self._close_pidfd()
 
     def _close_pidfd(self) -> None:
         with self._pidfd_lock:
