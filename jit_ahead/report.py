@@ -117,7 +117,7 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
             if e.seconds:
                 spans.append({"lane": "executor", "start": t - e.seconds, "end": t, "kind": "tune",
                               "label": f"tune-ahead: {e.tuned_ahead} tuning keys"})
-        elif isinstance(e, (ev.HelperReady, ev.HelperPreloaded)) and e.seconds:
+        elif e.name in _START_SPANS and e.seconds:
             kind, label = _START_SPANS[e.name]
             spans.append({"lane": e.helper, "start": t - e.seconds, "end": t, "kind": kind, "label": label})
         elif isinstance(e, ev.BuildStart):

@@ -22,6 +22,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from .priority import Priority
+from .records import KNOB as RECORD_KNOB
+from .records import recording_enabled
 
 if TYPE_CHECKING:
     from .device_view import DeviceView
@@ -121,8 +123,6 @@ class FamilyBase(ABC):
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         self.pool.start()
-        from .records import recording_enabled
-
         if recording_enabled():
             self._unrecorded = []
             self._start_recording()
@@ -158,9 +158,7 @@ class FamilyBase(ABC):
         try:
             opened = self._open_records()
         except Exception:  # records are an optimisation: the server runs on without them
-            from .records import KNOB
-
-            log.exception("%s: %s could not be read; no replay, no recording", self.name, KNOB)
+            log.exception("%s: %s could not be read; no replay, no recording", self.name, RECORD_KNOB)
         with self._records_lock:
             for kind in self.record_kinds:
                 folder = opened.get(kind)

@@ -152,20 +152,13 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
 
 
-def family_names() -> list[str]:
-    """JIT_AHEAD_FAMILIES as written: lower-case names, comma-separated (default ``triton``)."""
-    from .. import registry
-
-    return registry.requested(os.environ)
-
-
 def families() -> tuple[str, ...]:
     """JIT_AHEAD_FAMILIES: the families a ``JIT_AHEAD=1`` session starts (default ``triton``;
     ``triton,cute`` adds the CuTe DSL family, which needs ``jit_ahead[cute-dsl]``; a package's own family
     by the name it registers, ``jit_ahead/registry.py``). Unknown names are dropped with one line."""
     from .. import registry
 
-    names = family_names()
+    names = registry.requested(os.environ)
     unknown = [n for n in names if registry.family_info(n) is None]
     if unknown:
         log.error("JIT_AHEAD_FAMILIES: unknown %s (known: %s); ignored", ", ".join(unknown),

@@ -16,6 +16,7 @@ from ..core import knobs as core_knobs
 from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
+from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import Ticket
@@ -220,7 +221,7 @@ class TritonFamily(FamilyBase):
         try:
             folder = self._replay_variants()
         except Exception:  # records are an optimisation; the autotune choices still serve and are recorded
-            log.exception("triton: %s could not be read; no replay, no recording of variants", "JIT_AHEAD_RECORD_DIR")
+            log.exception("triton: %s could not be read; no replay, no recording of variants", RECORD_KNOB)
             folder = None
         return {"records": folder, "tuning_records": tuning}
 

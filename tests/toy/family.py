@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from jit_ahead.core import events, knobs
 from jit_ahead.core.device_view import DeviceView
-from jit_ahead.core.executor import ExecutorBase, Outcome, obtain
+from jit_ahead.core.executor import ExecutorBase, Outcome, kernel_of, obtain
 from jit_ahead.core.family import FamilyBase
 from jit_ahead.core.pool import FamilySpec, HelperPool
 from jit_ahead.core.priority import Priority
@@ -80,7 +80,7 @@ class ToyExecutor(ExecutorBase):
             result, _ = obtain(self.pool, request.build_request(), build, self.wait_timeout)
             outcome = result.value
         self.pool.stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label,
-                                                 kernel=f"{request.module}.{kernel}", outcome=outcome,
+                                                 kernel=kernel_of(request), outcome=outcome,
                                                  planned=self.is_planned(request.key),
                                                  seconds=time.perf_counter() - t0))
         if outcome == Outcome.FALLBACK.value:
