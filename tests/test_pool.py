@@ -347,6 +347,24 @@ def test_a_helper_whose_server_is_gone_stops_quietly():
         assert worker.serve(inbox, outbox, builder=None) == 0
 
 
+def test_a_fork_server_silent_past_its_start_timeout_is_killed_and_reaped(tmp_path):
+    # A fork server that never answers its handshake (hung in an import, stopped): killed after the start
+    # timeout and waited for, so it is neither left running nor left a zombie child of the server.
+    from jit_ahead.core.forkserver import ForkServer, ForkServerGone
+    from jit_ahead.core.helper_env import helper_environment
+    from jit_ahead.core.protocol import Configure
+
+    silent = tmp_path / "silent-python"
+    silent.write_text("#!/bin/sh\nexec sleep 60\n")
+    silent.chmod(0o755)
+    server = ForkServer(python=str(silent), env=helper_environment(os.environ, {}), start_timeout=1.0,
+                        build_timeout=5.0)
+    with pytest.raises(ForkServerGone, match="no reply"):
+        server.start(Configure(sys_path=tuple(sys.path), builder="jit_ahead.triton.build", device_view=None))
+    pid = server.process.pid
+    assert not os.path.exists(f"/proc/{pid}") or psutil.Process(pid).ppid() != os.getpid()  # gone: reaped
+
+
 def test_by_default_the_fork_server_is_a_fork_of_this_process_and_a_fresh_one_once_serving(triton_cache, pools):
     pool = make_pool(triton_cache, workers=1)
     pools.append(pool)

@@ -199,7 +199,11 @@ class ForkServer:
         self._outbox = ours.makefile("wb")
         threading.Thread(target=self._read_loop, args=(ours.makefile("rb", buffering=0),), daemon=True,
                          name="jit_ahead-forkserver-reader").start()
-        ready = self._request(config, self._start_timeout)
+        try:
+            ready = self._request(config, self._start_timeout)
+        except ForkServerGone:
+            self.close(0.0)  # a server killed for its silence is reaped here, not left a zombie child
+            raise
         if not isinstance(ready, Ready):
             self.close(0.0)
             raise ForkServerGone(f"no handshake (got {type(ready).__name__})")

@@ -609,10 +609,9 @@ class ForkedPlanners:
 
     def _ended(self, slot: _Slot) -> None:
         part, launch = self._board.running(slot.index)
-        self._close(slot)
+        how = self._close(slot)
         if slot.finished or self._cancelled.is_set():  # done, or killed because planning is cancelled
             return
-        how = _reap(slot.pid)
         where = "before its first launch"
         if part is not None and launch >= 0:
             group = self._book.group_of(part)
@@ -660,14 +659,15 @@ class ForkedPlanners:
                             "serving started before the planning thread ran them")
         self._book.finish()
 
-    def _close(self, slot: _Slot) -> None:
+    def _close(self, slot: _Slot) -> str:
+        """Close its stream and reap it, whether it finished, died or was killed (a killed planner left
+        unreaped stays a zombie child of the server); how it ended, in words."""
         with contextlib.suppress(OSError):
             slot.stream.close()
         slot.stream = None
         with self._lock:
             self._pids.discard(slot.pid)
-        if slot.finished:
-            _reap(slot.pid)
+        return _reap(slot.pid)
 
 
 def _reap(pid: int) -> str:
