@@ -79,7 +79,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         with notes:
             t0 = time.perf_counter()
-            with BuildProgress(session.triton.pool.table) as progress:
+            with BuildProgress(session.triton.table) as progress:
                 runs = {name: session.plan_model(_make_model(name, "meta"), limits) for name in names}
                 notes.cover_new_handlers()  # the model libraries are imported now
                 for name, run in runs.items():  # each as soon as it is known

@@ -1,8 +1,8 @@
 """What a launch on the executor does when the variant it needs is not loaded: the family-agnostic part.
 
 The family has already checked the disk. Here the launch either finds the build done, waits for a
-helper that is building it, or builds it in place on the calling thread, whichever the pool's
-measurements say is faster, and never two builds of one key.
+helper that is building it, or builds it in place on the calling thread, whichever the measured build
+times say is faster (core/build_cost.py), and never two builds of one key.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from . import events
 from .pool import HelperPool
 from .priority import Priority
 from .requests import BuildRequest, BuildResult
-from .table import State
+from .stats import Stats
+from .table import RequestTable, State
 
 log = logging.getLogger("jit_ahead.executor")
 
@@ -55,12 +56,16 @@ def kernel_of(request) -> str:
 class ExecutorBase(ABC):
     """The executor side every family shares: the variants planned (each new one a ``variant`` event, the
     coverage report compares against them), whether a variant is being built ahead, and the guard's
-    report of a variant that needs a build after serving started."""
+    report of a variant that needs a build after serving started; and what a launch does on a miss
+    (``obtain``). ``table`` is the family's, which its pool's helpers build from too."""
 
     family: ClassVar[str]
 
-    def __init__(self, pool: HelperPool, wait_timeout: float, guard: str = "warn") -> None:
+    def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, wait_timeout: float,
+                 guard: str = "warn") -> None:
         self.pool = pool
+        self.table = table
+        self.stats = stats
         self.wait_timeout = wait_timeout
         self.guard = guard
         self._lock = threading.Lock()
@@ -97,8 +102,8 @@ class ExecutorBase(ABC):
         with self._lock:
             new = [request for request in requests if self._take_new(request)]
         for request in new:
-            self.pool.stats.emit(events.Variant(family=self.family, key=self.key_of(request), kernel=kernel_of(request),
-                                                label=request.label, source=source, **self._variant_fields(request)))
+            self.stats.emit(events.Variant(family=self.family, key=self.key_of(request), kernel=kernel_of(request),
+                                           label=request.label, source=source, **self._variant_fields(request)))
 
     def is_planned(self, key: str) -> bool:
         with self._lock:
@@ -106,79 +111,77 @@ class ExecutorBase(ABC):
 
     def building_ahead(self, key: str):
         """Its ticket when a helper is building it or it is queued (planned, not built yet), else None."""
-        ticket = self.pool.table.get(key)
+        ticket = self.table.get(key)
         return ticket if ticket is not None and ticket.state in (State.QUEUED, State.RUNNING) else None
 
     def report_unplanned(self, label: str, key: str | None, message: str) -> None:
         """The guard: a variant needs a build after serving started. A ``guard`` event, then an error
         (JIT_AHEAD_MODE=error) or a warning."""
-        self.pool.stats.emit(events.Guard(family=self.family, key=key, label=label, mode=self.guard, message=message))
+        self.stats.emit(events.Guard(family=self.family, key=key, label=label, mode=self.guard, message=message))
         if self.guard == "error":
             raise JitAfterReadyError(message + " (JIT_AHEAD_MODE=error)")
         log.warning("%s (JIT_AHEAD_MODE=warn)", message)
 
     def guarding(self) -> bool:
         """True when a build now is one the guard reports: serving started and the guard is on."""
-        return self.guard != "off" and self.pool.stats.phase == "serving"
+        return self.guard != "off" and self.stats.phase == "serving"
 
+    def obtain(self, request: BuildRequest, build_here: Callable[[Any], dict | None]) -> tuple[Outcome, float]:
+        """Make sure ``request`` is built before the launch goes on, waiting at most ``wait_timeout``;
+        returns the outcome and seconds spent. ``build_here(payload)`` is the family's build on the calling
+        thread: it returns the result's details and raises on failure."""
+        pool, table = self.pool, self.table
+        t0 = time.monotonic()
+        deadline = t0 + self.wait_timeout
+        pool.preload(request.modules)  # so that helpers are ready for this library's next variants
+        if not pool.helper_has_modules(request):
+            # A helper would import the kernel library before compiling (seconds, where the compile alone
+            # is often under one): build here unless a helper is already on it.
+            ticket, claimed = pool.submit_claimed(request, Priority.URGENT, "executor")
+            if claimed:
+                return self._build_in_place(ticket, build_here), time.monotonic() - t0
+        else:
+            ticket = pool.submit(request, Priority.URGENT)
+        while True:
+            state = ticket.state
+            if state is State.DONE:
+                return Outcome.READY, time.monotonic() - t0
+            if state in (State.FAILED, State.QUARANTINED) or pool.closed:
+                return Outcome.FALLBACK, time.monotonic() - t0
+            if state is State.QUEUED and pool.prefer_in_place(ticket) and table.claim(ticket, "executor"):
+                return self._build_in_place(ticket, build_here), time.monotonic() - t0
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("waited %.1fs for %s (%s by %s); giving up the wait and compiling in place "
+                            "(JIT_AHEAD_WAIT_TIMEOUT_S)", self.wait_timeout, request.label, state.value, ticket.owner)
+                return Outcome.FALLBACK, time.monotonic() - t0
+            table.wait_for_change(ticket, min(remaining, _REDECIDE_S) if state is State.QUEUED else remaining)
 
-def obtain(pool: HelperPool, request: BuildRequest, build_here: Callable[[Any], dict | None],
-           timeout: float) -> tuple[Outcome, float]:
-    """Make sure ``request`` is built before the launch goes on; returns the outcome and seconds spent.
-    ``build_here(payload)`` is the family's build on the calling thread: it returns the result's details
-    and raises on failure."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    pool.preload(request.modules)  # so that helpers are ready for this library's next variants
-    if not pool.helper_has_modules(request):
-        # A helper would import the kernel library before compiling (seconds, where the compile alone
-        # is often under one): build here unless a helper is already on it.
-        ticket, claimed = pool.submit_claimed(request, Priority.URGENT, "executor")
-        if claimed:
-            return _build_in_place(pool, ticket, build_here), time.monotonic() - t0
-    else:
-        ticket = pool.submit(request, Priority.URGENT)
-    while True:
-        state = ticket.state
-        if state is State.DONE:
-            return Outcome.READY, time.monotonic() - t0
-        if state in (State.FAILED, State.QUARANTINED) or pool.closed:
-            return Outcome.FALLBACK, time.monotonic() - t0
-        if state is State.QUEUED and pool.prefer_in_place(ticket) and pool.table.claim(ticket, "executor"):
-            return _build_in_place(pool, ticket, build_here), time.monotonic() - t0
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            log.warning("waited %.1fs for %s (%s by %s); giving up the wait and compiling in place "
-                        "(JIT_AHEAD_WAIT_TIMEOUT_S)", timeout, request.label, state.value, ticket.owner)
-            return Outcome.FALLBACK, time.monotonic() - t0
-        pool.table.wait_for_change(ticket, min(remaining, _REDECIDE_S) if state is State.QUEUED else remaining)
+    def build_queued(self, priority: Priority, deadline: float | None) -> None:
+        """No helper will build (none configured, or every slot gave up): build what is queued at
+        ``priority`` or higher on the calling thread, one at a time, until nothing is left or ``deadline``
+        (monotonic) passes. A request a launch is building meanwhile is not taken twice."""
+        while not self.pool.closed and (deadline is None or time.monotonic() < deadline):
+            ticket = self.table.take_next("executor", 0.0, up_to=priority)
+            if ticket is None:
+                return
+            self._build_in_place(ticket, self.build_here)
 
-
-def build_queued_here(pool: HelperPool, priority: Priority, build_here: Callable[[Any], dict | None],
-                      deadline: float | None) -> None:
-    """No helper will build for ``pool`` (none configured, or every slot gave up): build what is queued
-    at ``priority`` or higher on the calling thread, one at a time, until nothing is left or
-    ``deadline`` (monotonic) passes. A request a launch is building meanwhile is not taken twice."""
-    while not pool.closed and (deadline is None or time.monotonic() < deadline):
-        ticket = pool.table.take_next("executor", 0.0, up_to=priority)
-        if ticket is None:
-            return
-        _build_in_place(pool, ticket, build_here)
-
-
-def _build_in_place(pool: HelperPool, ticket, build_here) -> Outcome:
-    request = ticket.request
-    t0 = time.perf_counter()
-    try:
-        details = build_here(request.payload) or {}
-        result = BuildResult(request.key, True, time.perf_counter() - t0, "executor", details=details)
-    except Exception as exc:  # reported below; the DSL's normal path then compiles it
-        result = BuildResult(request.key, False, time.perf_counter() - t0, "executor", f"{type(exc).__name__}: {exc}")
-    pool.table.finish(ticket, result)
-    pool.stats.emit(events.BuildFinish(family=request.family, key=request.key, label=request.label,
-                                       helper="executor", ok=result.ok, error=result.error, seconds=result.seconds))
-    if result.ok:
-        pool.record_local_build(result.seconds)
-        return Outcome.BUILT_HERE
-    log.error("building %s in place failed:\n%s", request.label, result.error)
-    return Outcome.FALLBACK
+    def _build_in_place(self, ticket, build_here) -> Outcome:
+        request = ticket.request
+        t0 = time.perf_counter()
+        try:
+            details = build_here(request.payload) or {}
+            result = BuildResult(request.key, True, time.perf_counter() - t0, "executor", details=details)
+        except Exception as exc:  # reported below; the DSL's normal path then compiles it
+            result = BuildResult(request.key, False, time.perf_counter() - t0, "executor",
+                                 f"{type(exc).__name__}: {exc}")
+        self.table.finish(ticket, result)
+        self.stats.emit(events.BuildFinish(family=request.family, key=request.key, label=request.label,
+                                           helper="executor", ok=result.ok, error=result.error,
+                                           seconds=result.seconds))
+        if result.ok:
+            self.pool.cost.local_build(result.seconds)
+            return Outcome.BUILT_HERE
+        log.error("building %s in place failed:\n%s", request.label, result.error)
+        return Outcome.FALLBACK

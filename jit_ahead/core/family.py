@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .pool import HelperPool
     from .records import RecordFolder
     from .stats import Stats
-    from .table import Ticket
+    from .table import RequestTable, Ticket
 
 log = logging.getLogger("jit_ahead.family")
 
@@ -99,7 +99,8 @@ class Family(Protocol):
 
 
 class FamilyBase(ABC):
-    """What every family shares: the pool and executor, the start and close order, and records.
+    """What every family shares: the request table, the pool and executor, the start and close order, and
+    records.
 
     Records (``JIT_AHEAD_RECORD_DIR``): the family's record folders are opened, and their entries replayed,
     in a thread beside the server's start (``_open_records``); what the family records before they are
@@ -110,8 +111,9 @@ class FamilyBase(ABC):
     name: ClassVar[str]
     record_kinds: ClassVar[tuple[str, ...]] = ("records",)
 
-    def __init__(self, stats: Stats, pool: HelperPool, executor: Any) -> None:
+    def __init__(self, stats: Stats, table: RequestTable, pool: HelperPool, executor: Any) -> None:
         self.stats = stats
+        self.table = table  # what is queued, building and built; the pool's helpers and the executor share it
         self.pool = pool
         self.executor = executor
         for kind in self.record_kinds:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from .. import registry
 from . import device_view, events, knobs
-from .executor import build_queued_here
 from .limits import EngineLimits
 from .priority import Priority
 from .stats import Stats
@@ -144,9 +143,9 @@ class Session:
             return False
         for family in self.families.values():
             if family.pool.builds_nothing():
-                build_queued_here(family.pool, priority, family.executor.build_here, deadline)
+                family.executor.build_queued(priority, deadline)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return all(family.pool.table.wait_settled(priority, remaining) for family in self.families.values())
+        return all(family.table.wait_settled(priority, remaining) for family in self.families.values())
 
     def wait_planned(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
         """Wait until planning has queued every launch up to ``priority`` and replay has queued its

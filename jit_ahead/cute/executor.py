@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
 from ..core.pool import HelperPool
+from ..core.stats import Stats
+from ..core.table import RequestTable
 from .build import build_into, cache_root, object_path
 from .plan import request_from_call
 from .request import FAMILY, CuteCompileRequest
@@ -46,8 +48,9 @@ class CuteExecutor(ExecutorBase):
     family = FAMILY
     build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
-    def __init__(self, pool: HelperPool, arch: str, wait_timeout: float, guard: str = "warn") -> None:
-        super().__init__(pool, wait_timeout, guard)
+    def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, arch: str, wait_timeout: float,
+                 guard: str = "warn") -> None:
+        super().__init__(pool, table, stats, wait_timeout, guard)
         self.arch = arch
         self._loaded: dict[str, object] = {}
         self._unsupported_seen: set[str] = set()
@@ -71,7 +74,7 @@ class CuteExecutor(ExecutorBase):
             raise
         except Exception as exc:
             if not compiled_in_place:  # the DSL's own compile error is the caller's, as without jit_ahead
-                refuse_fallback_if_strict(self.guard, self.pool.stats.phase,
+                refuse_fallback_if_strict(self.guard, self.stats.phase,
                                           str(getattr(func, "__qualname__", func)), exc)
             raise
 
@@ -91,13 +94,13 @@ class CuteExecutor(ExecutorBase):
             loaded = self._loaded.get(request.key)
         if loaded is not None:
             return loaded
-        stats = self.pool.stats
+        stats = self.stats
         if object_path(request).exists():
             outcome, waited = "disk", 0.0
         else:
             if self.guarding() and not self.building_ahead(request.key):
                 self._guard(request.label, request.key, "was not planned")
-            result, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
+            result, waited = self.obtain(request.build_request(), build_in_place)
             outcome = result.value
         planned = self.is_planned(request.key)
         if outcome == Outcome.FALLBACK.value:
@@ -113,8 +116,8 @@ class CuteExecutor(ExecutorBase):
         return compiled
 
     def _unsupported(self, name: str, why: str, seconds: float) -> None:
-        self.pool.stats.emit(events.ExecutorMiss(family=FAMILY, key=None, label=name, kernel=name,
-                                                 outcome="unsupported", planned=False, seconds=seconds, reason=why))
+        self.stats.emit(events.ExecutorMiss(family=FAMILY, key=None, label=name, kernel=name,
+                                            outcome="unsupported", planned=False, seconds=seconds, reason=why))
         with self._lock:
             first = name not in self._unsupported_seen
             self._unsupported_seen.add(name)

@@ -18,7 +18,7 @@ from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.stats import Stats
-from ..core.table import Ticket
+from ..core.table import RequestTable, Ticket
 from ..core.records import RecordFolder, record_folder
 from . import hook, library_cache
 from .arch import arch_of
@@ -51,11 +51,13 @@ class CuteFamily(FamilyBase):
         self.device_view = device_view.current()
         self.arch = arch_of(self.device_view)
         self.cache_dir = str(cache_root())  # helpers publish where this process loads from
-        pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self.device_view,
+        table = RequestTable()
+        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=self.device_view,
                                      env_overrides={CACHE_KNOB: self.cache_dir})
         pool.preload(preload or ())
-        super().__init__(stats, pool, CuteExecutor(pool, self.arch, core_knobs.wait_timeout_s(wait_timeout),
-                                                   guard=core_knobs.guard_mode()))
+        super().__init__(stats, table, pool, CuteExecutor(pool, table, stats, self.arch,
+                                                          core_knobs.wait_timeout_s(wait_timeout),
+                                                          guard=core_knobs.guard_mode()))
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
 
     def start(self) -> None:
@@ -109,8 +111,8 @@ class CuteFamily(FamilyBase):
         items = folder.read() if folder is not None else []
         requests = [r for r in map(self._replayable, items) if r is not None]
         tickets = self.submit(requests, Priority.REPLAY, source="record") if requests else []
-        self.pool.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
-                                           folder=str(folder.folder) if folder else None))
+        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
+                                      folder=str(folder.folder) if folder else None))
         if items:
             log.info("cute: replaying %d recorded variants (%d not built yet) from %s", len(items),
                      len(tickets), folder.folder)

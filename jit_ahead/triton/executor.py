@@ -13,8 +13,10 @@ import time
 from collections import defaultdict
 
 from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, obtain, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
 from ..core.pool import HelperPool
+from ..core.stats import Stats
+from ..core.table import RequestTable
 from ..core.priority import Priority
 from . import cache_check
 from .cache_check import Entry
@@ -43,8 +45,9 @@ class TritonExecutor(ExecutorBase):
     family = "triton"
     build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
-    def __init__(self, pool: HelperPool, wait_timeout: float, guard: str = "warn") -> None:
-        super().__init__(pool, wait_timeout, guard)
+    def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, wait_timeout: float,
+                 guard: str = "warn") -> None:
+        super().__init__(pool, table, stats, wait_timeout, guard)
         self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
         self._damaged: set[str] = set()  # variants whose cache entry was found damaged (and removed)
         # variant -> the autotuned launches (their variants, in config order) it was planned in
@@ -89,10 +92,10 @@ class TritonExecutor(ExecutorBase):
             first = key not in self._damaged
             self._damaged.add(key)
         cache_check.remove(key)
-        self.pool.stats.emit(events.CacheDamaged(family="triton", key=key, label=request.label, reason=damage,
-                                                 rebuilt=first))
+        self.stats.emit(events.CacheDamaged(family="triton", key=key, label=request.label, reason=damage,
+                                            rebuilt=first))
         if first:
-            self.pool.table.forget_done(key)
+            self.table.forget_done(key)
             log.warning("%s: its Triton cache entry %s is damaged (%s); removed, %s",
                         request.label, key[:16], damage, then)
         else:
@@ -124,7 +127,7 @@ class TritonExecutor(ExecutorBase):
             if not groups:
                 return 0
             keys = [request.predicted_hash] + [key for group in groups for key in group]
-        return self.pool.table.raise_queued(dict.fromkeys(keys), Priority.URGENT)
+        return self.table.raise_queued(dict.fromkeys(keys), Priority.URGENT)
 
     def on_miss(self, *, fn, compile: dict) -> None:
         """The hook's miss handler. If handling the miss fails, the launch compiles the DSL's way (the
@@ -134,7 +137,7 @@ class TritonExecutor(ExecutorBase):
         except JitAfterReadyError:
             raise
         except Exception as exc:
-            refuse_fallback_if_strict(self.guard, self.pool.stats.phase, str(getattr(fn, "name", fn)), exc)
+            refuse_fallback_if_strict(self.guard, self.stats.phase, str(getattr(fn, "name", fn)), exc)
             raise
 
     def _on_miss(self, fn, compile: dict) -> None:
@@ -142,7 +145,7 @@ class TritonExecutor(ExecutorBase):
         request = request_from_hook(fn, compile)
         if self.recorder is not None:
             self.recorder(request)
-        stats = self.pool.stats
+        stats = self.stats
         entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
         if entry is Entry.OK:
             stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
@@ -162,11 +165,11 @@ class TritonExecutor(ExecutorBase):
                 # planned, not built yet: the launch waits for it (raised to URGENT) or builds it here
                 log.warning("%s was planned but is still %s (%s, %d queued ahead) when serving needs it",
                             request.label, ticket.state.value, ticket.priority.name,
-                            self.pool.table.queued_ahead(ticket))
+                            self.table.queued_ahead(ticket))
             else:
                 self._guard(request)
         raised = self._raise_autotune_siblings(request)
-        outcome, waited = obtain(self.pool, request.build_request(), build_in_place, self.wait_timeout)
+        outcome, waited = self.obtain(request.build_request(), build_in_place)
         planned = self.is_planned(request.predicted_hash)
         stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
                                        kernel=kernel_of(request), outcome=outcome.value, planned=planned,

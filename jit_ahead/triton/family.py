@@ -19,7 +19,7 @@ from ..core.priority import Priority
 from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
-from ..core.table import Ticket
+from ..core.table import RequestTable, Ticket
 from . import autotune, cache_check, hook
 from .executor import TritonExecutor
 from .record import RecordedVariant, compute_installation_key_in_background, record_format
@@ -49,11 +49,12 @@ class TritonFamily(FamilyBase):
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self._view = device_view.ViewOnDemand()  # read when first needed: starting costs no torch import
-        pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=self._view,
+        table = RequestTable()
+        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=self._view,
                                      env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
         pool.preload(preload or ())
-        super().__init__(stats, pool, TritonExecutor(pool, core_knobs.wait_timeout_s(wait_timeout),
-                                                     guard=core_knobs.guard_mode()))
+        super().__init__(stats, table, pool, TritonExecutor(pool, table, stats, core_knobs.wait_timeout_s(wait_timeout),
+                                                            guard=core_knobs.guard_mode()))
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._previous_listener = None
         self._plan_decoder = None
@@ -232,9 +233,9 @@ class TritonFamily(FamilyBase):
         spare = [item.request for item in items if item.benchmark_only]
         tickets = self.submit(replayed, Priority.REPLAY, source="record") if replayed else []
         tickets += self.submit(spare, Priority.SPARE, source="record") if spare else []
-        self.pool.stats.emit(events.Replay(family=FAMILY, variants=len(items), benchmark_only=len(spare),
-                                           queued=len(tickets), folder=str(folder.folder) if folder else None,
-                                           file=str(folder.path) if folder else None))
+        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), benchmark_only=len(spare),
+                                      queued=len(tickets), folder=str(folder.folder) if folder else None,
+                                      file=str(folder.path) if folder else None))
         if items:
             log.info("triton: replaying %d recorded variants (%d only benchmarked, built last; %d not on "
                      "disk yet) from %s", len(items), len(spare), len(tickets), folder.folder)
@@ -250,8 +251,8 @@ class TritonFamily(FamilyBase):
                 autotune.KNOWN.forget(self)
             if choices:
                 log.info("triton: %d recorded autotune choices from %s", len(choices), folder.folder)
-                self.pool.stats.emit(events.ReplayAutotune(family=FAMILY, choices=len(choices),
-                                                           file=str(folder.path)))
+                self.stats.emit(events.ReplayAutotune(family=FAMILY, choices=len(choices),
+                                                      file=str(folder.path)))
             return folder
         except Exception:  # an optimisation: the autotuners benchmark as they would without it
             log.exception("triton: recorded autotune choices could not be read; autotuners benchmark")
@@ -290,8 +291,8 @@ class TritonFamily(FamilyBase):
                      **kwargs)
         micros = [getattr(times, "ir_initialization", 0) or 0, getattr(times, "store_results", 0) or 0,
                   *(d for _, d in getattr(times, "lowering_stages", None) or ())]
-        self.pool.stats.emit(events.Compile(family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
-                                            cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6))
+        self.stats.emit(events.Compile(family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
+                                       cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6))
 
 
 def _fits_header(records: RecordFolder, request: TritonCompileRequest) -> bool:

@@ -287,7 +287,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     if profile_top is not None:
         result["start_profile"] = profile_top
     if arm == "busy-jit":  # was the background work still going when serving ended?
-        result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.pool.table.pending(),
+        result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.table.pending(),
                       busy_planned=sum(run.variants.values()))
     if session is not None:  # when the records were read and queued, on the clock of the other times
         replayed = next((e["time"] for e in events if e["event"] == "replay"), None)

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from jit_ahead.core import events, knobs
 from jit_ahead.core.device_view import DeviceView
-from jit_ahead.core.executor import ExecutorBase, Outcome, kernel_of, obtain
+from jit_ahead.core.executor import ExecutorBase, Outcome, kernel_of
 from jit_ahead.core.family import FamilyBase
 from jit_ahead.core.pool import FamilySpec, HelperPool
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.records import RecordFormat, RecordFolder, record_folder
 from jit_ahead.core.requests import BuildRequest
+from jit_ahead.core.table import RequestTable
 
 from . import INFO, dsl
 
@@ -77,12 +78,11 @@ class ToyExecutor(ExecutorBase):
             if self.guarding() and not self.building_ahead(request.key):
                 self.report_unplanned(request.label, request.key, f"{request.label} was not planned and needs "
                                       "a build after serving started")
-            result, _ = obtain(self.pool, request.build_request(), build, self.wait_timeout)
+            result, _ = self.obtain(request.build_request(), build)
             outcome = result.value
-        self.pool.stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label,
-                                                 kernel=kernel_of(request), outcome=outcome,
-                                                 planned=self.is_planned(request.key),
-                                                 seconds=time.perf_counter() - t0))
+        self.stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label,
+                                            kernel=kernel_of(request), outcome=outcome,
+                                            planned=self.is_planned(request.key), seconds=time.perf_counter() - t0))
         if outcome == Outcome.FALLBACK.value:
             return dsl.compile_here(kernel, spec)
         return dsl.path_of(kernel, spec).read_text()
@@ -100,10 +100,11 @@ class ToyFamily(FamilyBase):
 
     def __init__(self, stats, *, workers: int | None = None, wait_timeout: float | None = None,
                  preload: tuple[str, ...] | None = None) -> None:
-        pool = HelperPool.from_knobs(SPEC, stats, workers=workers, device_view=DeviceView.h200(),
+        table = RequestTable()
+        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=DeviceView.h200(),
                                      env_overrides={dsl.CACHE_KNOB: str(dsl.cache_dir())})
-        super().__init__(stats, pool, ToyExecutor(pool, knobs.wait_timeout_s(wait_timeout),
-                                                  guard=knobs.guard_mode()))
+        super().__init__(stats, table, pool, ToyExecutor(pool, table, stats, knobs.wait_timeout_s(wait_timeout),
+                                                         guard=knobs.guard_mode()))
 
     def _install_hooks(self) -> None:
         dsl.handler = self.executor.on_call
