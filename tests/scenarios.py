@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from jit_ahead import examples
+from . import workloads as examples
 from jit_ahead.triton.standin import ensure_driver
 
 # The stand-in driver (an H200's view) first, then the libraries that read the device at import; the

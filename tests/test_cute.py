@@ -136,7 +136,7 @@ def test_specs_taken_from_a_call_rebuild_equivalent_arguments_and_keep_shared_sy
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
     from jit_ahead.cute.request import ConstSpec, ScalarSpec, SymSpec
-    from jit_ahead.cute.spec import UnsupportedCall, fake_args, specs_of
+    from jit_ahead.cute.arg_specs import UnsupportedCall, fake_args, specs_of
 
     rows, stride = cute.sym_int32(divisibility=8), cute.sym_int64(divisibility=4)
     args = [make_fake_compact_tensor(cutlass.Float16, (rows, 64), stride_order=(1, 0), assumed_align=16),
@@ -310,3 +310,15 @@ def test_after_serving_starts_a_cute_compile_in_the_server_is_refused_in_error_m
     assert "tests.kernels.cute_add.add[" in unplanned and "was not planned" in unplanned
     assert "add_local cannot be built ahead" in undescribed and "JIT_AHEAD_MODE=error" in undescribed
     assert not any(tmp_path.rglob("*.o"))  # refused before anything compiled
+
+
+def test_a_closed_cute_session_puts_the_dsls_own_compile_back():
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    from jit_ahead.core.session import Session
+
+    own = CompileCallable._compile
+    session = Session(families=("cute",), cute={"workers": 0}).start()
+    assert CompileCallable._compile is not own
+    session.close()
+    assert CompileCallable._compile is own

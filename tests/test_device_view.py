@@ -3,7 +3,7 @@ it detects at import, so a helper that saw "no GPU" would build other variants t
 import pytest
 import torch
 
-from jit_ahead import examples
+from . import workloads as examples
 from jit_ahead.core import device_view
 from jit_ahead.core.pool import HelperPool
 from jit_ahead.core.priority import Priority

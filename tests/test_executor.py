@@ -200,13 +200,15 @@ def test_a_hook_installed_before_ours_is_chained_and_its_veto_respected(session_
         return fn.name == "tuned_copy_kernel"  # another tool's own capture of this kernel
 
     knobs.runtime.jit_cache_hook = other_hook  # someone replaced the slot after we installed
-    hook.install()
+    hook.install()  # ours again, chaining theirs
     try:
         assert k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=32) is not None
         assert k.tuned_copy_kernel.fn.run(meta(), meta(), 4096, BLOCK=64, grid=(1,), warmup=False) is None
     finally:
+        hook.release()
         knobs.runtime.jit_cache_hook = None
-        hook.install()  # back to ours alone
+        hook.install()  # back to ours alone (the session still holds it)
+        hook.release()
     assert seen == ["add_kernel", "tuned_copy_kernel"]
     assert session.stats.count("build_finish") == 1  # the vetoed launch caused no build
 

@@ -264,3 +264,25 @@ def test_with_no_helpers_wait_ready_builds_what_is_queued_in_place_instead_of_wa
     assert session.triton.pool.helper_pids() == {}
     assert not any(p.name().startswith("python") for p in psutil.Process().children(recursive=True)
                    if p.status() != psutil.STATUS_ZOMBIE and "jit_ahead_helpers" in " ".join(p.cmdline()))
+
+
+def test_a_closed_session_leaves_tritons_hook_slot_as_it_found_it():
+    from triton import knobs
+
+    def theirs(**kwargs):  # another tool's hook, there before jit_ahead started
+        return None
+
+    knobs.runtime.jit_cache_hook = theirs
+    try:
+        session = Session(triton={"workers": 0}).start()
+        with capture():  # planning holds the hook too, and lets go
+            k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                               torch.empty(64, device="meta"), 64, BLOCK=64)
+        assert knobs.runtime.jit_cache_hook is not theirs  # ours, chaining theirs
+        session.close()
+        assert knobs.runtime.jit_cache_hook is theirs
+        with capture():  # a capture without a session holds it for its length only
+            assert knobs.runtime.jit_cache_hook is not theirs
+        assert knobs.runtime.jit_cache_hook is theirs
+    finally:
+        knobs.runtime.jit_cache_hook = None

@@ -11,7 +11,7 @@ from jit_ahead.providers.fla import FlaGatedDeltaNetProvider, padded_prefill_bat
 from jit_ahead.providers.liger import LigerProvider, RopeSite, RowWiseSite
 from jit_ahead.providers.meta import MetaCaller, MetaScalars, int_class_representatives
 from jit_ahead.triton import capture, plan_launch
-from jit_ahead.triton.spec import on_disk
+from jit_ahead.triton.compile_inputs import on_disk
 
 from .conftest import wait_all
 from .kernels import basic as k

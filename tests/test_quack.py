@@ -99,3 +99,34 @@ def test_outside_a_capture_the_gated_compile_function_is_quacks_own(tmp_path, mo
     kernel = gated(*args)  # no capture: quack compiles (no GPU needed) and exports into its cache
     assert gated.cache_info().misses == 1 and type(kernel).__module__.startswith(("tvm_ffi", "cutlass"))
     assert plan.requests[0].path.exists() and args[0] is cutlass.BFloat16
+
+
+def test_closing_the_cute_family_puts_quacks_own_compile_functions_back(tmp_path, monkeypatch):
+    import sys
+
+    use_cache(monkeypatch, tmp_path)
+    provider = QuackRMSNormProvider()
+    layers = provider.find_layers(torch.nn.Sequential(Qwen3RMSNorm(64)).to("meta"))
+    next(iter(provider.launches(layers, LIMITS)))  # planning gates quack's compile functions
+    rmsnorm = sys.modules["quack.rmsnorm"]
+    own = rmsnorm._compile_rmsnorm_fwd.jit_ahead_original
+    session = Session(families=("cute",), cute={"workers": 0}).start()
+    session.close()
+    assert rmsnorm._compile_rmsnorm_fwd is own and not hasattr(own, "jit_ahead_original")
+
+
+def test_each_recorder_is_given_every_distinct_library_call_once():
+    from jit_ahead.cute import library_cache
+
+    call = ("quack.rmsnorm", "_compile_rmsnorm_fwd", (1, 2), {"x": 3})
+    library_cache._note_call(*call)  # no recorder yet: nothing to give, and not marked seen
+    first, second = [], []
+    try:
+        library_cache.set_recorder(lambda *seen: first.append(seen))
+        library_cache._note_call(*call)
+        library_cache._note_call(*call)
+        library_cache.set_recorder(lambda *seen: second.append(seen))  # the next session's record folder
+        library_cache._note_call(*call)
+    finally:
+        library_cache.set_recorder(None)
+    assert first == second == [("quack.rmsnorm", "_compile_rmsnorm_fwd", (1, 2), (("x", 3),))]

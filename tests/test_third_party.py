@@ -2,7 +2,7 @@
 launchers on meta tensors, built in helpers, then hit on disk by a fresh process."""
 import pytest
 
-from jit_ahead import examples
+from . import workloads as examples
 from jit_ahead.triton import capture
 
 from .conftest import run_consumer, wait_all

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import importlib.util
 import os
 import shutil
@@ -20,8 +19,8 @@ from ..core.build_lock import variant_lock
 from . import library_cache
 from .arch import ARCH_VAR, arch_of, targeting
 from .library_cache import LibraryCacheRequest
-from .request import PORTABLE_HOST_TARGET, CuteCompileRequest, uses_tvm_ffi
-from .spec import fake_args
+from .request import PORTABLE_HOST_TARGET, CuteCompileRequest, resolve, uses_tvm_ffi
+from .arg_specs import fake_args
 
 CACHE_KNOB = "JIT_AHEAD_CUTE_CACHE_DIR"
 OBJECT_NAME = "kernel"  # <key folder>/kernel.o and kernel.h
@@ -64,13 +63,6 @@ def make_request(module: str, qualname: str, args, arch: str = "sm_90a", options
                               host_target="" if uses_tvm_ffi(options) else PORTABLE_HOST_TARGET,
                               dsl_version=dsl_version(),
                               source_sha256=source_sha256(module))
-
-
-def resolve(module: str, qualname: str):
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def compile_and_export(request: CuteCompileRequest, folder: Path) -> None:

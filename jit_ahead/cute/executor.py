@@ -19,9 +19,9 @@ from ..core.pool import HelperPool
 from ..core.stats import Stats
 from ..core.table import RequestTable
 from .build import build_into, cache_root, object_path
-from .plan import request_from_call
+from .call import request_from_call
 from .request import FAMILY, CuteCompileRequest
-from .spec import UnsupportedCall
+from .arg_specs import UnsupportedCall
 
 log = logging.getLogger("jit_ahead.cute.executor")
 

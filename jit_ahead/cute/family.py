@@ -74,9 +74,10 @@ class CuteFamily(FamilyBase):
         hook.install(self._handler)
 
     def _remove_hooks(self) -> None:
-        hook.clear_handler(self._handler)
+        hook.release(self._handler)
         if self._replay_thread is not None:
             library_cache.set_recorder(None)
+        library_cache.ungate_all()  # gated for recording, or by a provider for planning
 
     def capture(self, target=None):
         return capture(target or self.arch)

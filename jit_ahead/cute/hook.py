@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from ..core.executor import JitAfterReadyError
-from ..core.processes import fork_safe_lock
+from ..core.shared_patch import SharedPatch
 
 log = logging.getLogger("jit_ahead.cute")
 
@@ -24,9 +24,26 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_cute_captu
 # handler(compile_callable, func, args, kwargs, compile_in_place) -> the compiled callable
 Handler = Callable[..., object]
 
-_lock = fork_safe_lock()
-_original = None  # CompileCallable._compile as the DSL defined it
-_handler: Handler | None = None
+_original = None  # CompileCallable._compile as the DSL defined it (kept once seen: a call in flight uses it)
+
+
+def _patch_dsl() -> None:
+    global _original
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    if CompileCallable._compile is not _compile:
+        _original = CompileCallable._compile
+        CompileCallable._compile = _compile
+
+
+def _unpatch_dsl() -> None:
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    if CompileCallable._compile is _compile:
+        CompileCallable._compile = _original
+
+
+_patch: SharedPatch[Handler] = SharedPatch(_patch_dsl, _unpatch_dsl)
 
 
 class PlannedCompile:
@@ -43,7 +60,7 @@ def _compile(compile_callable, func, *args, **kwargs):
     collector = capturing.get()
     if collector is not None:
         return PlannedCompile(collector.record(compile_callable, func, args, kwargs))
-    handler = _handler
+    handler = _patch.handler
     if handler is None:
         return _original(compile_callable, func, *args, **kwargs)
 
@@ -67,30 +84,21 @@ def _compile(compile_callable, func, *args, **kwargs):
 
 
 def install(handler: Handler | None = None) -> None:
-    """Patch the DSL (once); set or keep the executor's handler."""
-    global _original, _handler
-    from cutlass.base_dsl.compiler import CompileCallable
-
-    with _lock:
-        if _original is None:
-            _original = CompileCallable._compile
-            CompileCallable._compile = _compile
-        if handler is not None:
-            _handler = handler
+    """Hold the DSL patched: the family with its executor's handler, a capture without one. ``release``
+    with the same argument lets go; the last to let go puts the DSL's own ``_compile`` back."""
+    _patch.hold(handler)
 
 
-def clear_handler(handler: Handler) -> None:
-    global _handler
-    with _lock:
-        if _handler is handler:
-            _handler = None
+def release(handler: Handler | None = None) -> None:
+    _patch.let_go(handler)
 
 
 def compile_unhooked(func, *args, **kwargs):
     """``cute.compile`` as the DSL defines it: what a build itself calls."""
     import cutlass.cute as cute
 
-    original = _original
-    if original is None:
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    if CompileCallable._compile is not _compile:
         return cute.compile(func, *args, **kwargs)
-    return original(cute.compile, func, *args, **kwargs)
+    return _original(cute.compile, func, *args, **kwargs)

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..core.processes import fork_safe_lock
 from ..core.requests import BuildRequest
 from .arch import targeting
-from .request import FAMILY
+from .request import FAMILY, resolve
 
 # The capture of the current context (jit_ahead.cute.plan.Capture); None outside planning.
 capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_library_cache_capture", default=None)
@@ -33,7 +33,9 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_library_ca
 _lock = fork_safe_lock()
 # JIT_AHEAD_RECORD_DIR: called once per distinct call made outside planning, (module, qualname, args, kwargs)
 _recorder = None
-_recorded: set = set()
+_recorded: set = set()  # the calls this recorder was given
+# what gate_package replaced, to put back at the family's close: (owner, attribute, what it held, the gate)
+_gates: list[tuple[object, str, object, object]] = []
 
 
 @dataclass(frozen=True)
@@ -110,24 +112,28 @@ def _gate(module_name: str, wrapper):
 
 
 def set_recorder(recorder) -> None:
-    """Record the calls of gated compile functions made outside planning (None: stop recording)."""
+    """Record the calls of gated compile functions made outside planning (None: stop recording). A new
+    recorder (another session's record folder) is given every distinct call again."""
     global _recorder
-    _recorder = recorder
+    with _lock:
+        _recorder = recorder
+        _recorded.clear()
 
 
 def _note_call(module_name: str, qualname: str, args: tuple, kwargs: dict) -> None:
     recorder = _recorder
+    if recorder is None:  # not marked seen either: a recorder set later is given the call
+        return
     items = tuple(sorted(kwargs.items()))
     try:
         seen = (module_name, qualname, args, items)
         with _lock:
-            if seen in _recorded:
+            if seen in _recorded or recorder is not _recorder:
                 return
             _recorded.add(seen)
     except TypeError:  # an unhashable argument (a config object): such calls are not recorded
         return
-    if recorder is not None:
-        recorder(module_name, qualname, args, items)
+    recorder(module_name, qualname, args, items)
 
 
 def _planned_kernel(*args, **kwargs) -> None:
@@ -156,15 +162,29 @@ def _replace(owner, attr: str, wrapper, module_name: str, staticmethod_: bool) -
     if hasattr(wrapper, "jit_ahead_original"):  # gated already
         return 0
     gated = _gate(module_name, wrapper)
+    _gates.append((owner, attr, vars(owner)[attr], gated))
     setattr(owner, attr, staticmethod(gated) if staticmethod_ else gated)
     return 1
+
+
+def ungate_all() -> int:
+    """Put back every compile function ``gate_package`` replaced (the CuTe family's close): nothing of
+    jit_ahead stays in the library's modules. A reference someone took to a gate meanwhile keeps it, and
+    it calls the library's own function outside planning. Returns how many were put back."""
+    restored = 0
+    with _lock:
+        gates, _gates[:] = list(_gates), []
+        for owner, attr, original, gated in gates:
+            current = vars(owner).get(attr)
+            if current is gated or getattr(current, "__func__", None) is gated:
+                setattr(owner, attr, original)
+                restored += 1
+    return restored
 
 
 # -- the helper's build -------------------------------------------------------------------------------------
 def resolve_original(module: str, qualname: str):
     """The library's own compile function (not jit_ahead's gate around it)."""
-    from .build import resolve  # build imports this module
-
     obj = resolve(module, qualname)
     return getattr(obj, "jit_ahead_original", obj)
 

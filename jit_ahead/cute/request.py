@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 from dataclasses import asdict, dataclass
 
@@ -34,7 +35,7 @@ class TensorSpec:
     """A fake tensor: CUTLASS dtype name (``Float16``), shape, strides, memory space and assumed byte
     alignment. In a hand-written spec a ``None`` extent is a fresh 32-bit symbol of ``divisibility`` and
     ``stride=None`` means compact strides in ``stride_order`` (default row-major); specs taken from a
-    call (``jit_ahead.cute.spec``) give every symbol and stride explicitly."""
+    call (``jit_ahead.cute.arg_specs``) give every symbol and stride explicitly."""
 
     dtype: str
     shape: tuple[Extent, ...]
@@ -69,6 +70,14 @@ class ScalarSpec:
 
 
 ArgSpec = TensorSpec | StreamSpec | ConstSpec | ScalarSpec
+
+
+def resolve(module: str, qualname: str):
+    """The object a request names by module and qualified name (the function a helper compiles)."""
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def uses_tvm_ffi(options: str) -> bool:

@@ -27,7 +27,7 @@ from triton.runtime.autotuner import Autotuner
 from ..core.processes import fork_safe_lock
 from ..core.records import RecordFormat, is_dotted_name
 from .record import header as triton_header
-from .spec import unwrap_jit_function
+from .compile_inputs import unwrap_jit_function
 
 log = logging.getLogger("jit_ahead.triton.autotune")
 

@@ -22,7 +22,7 @@ from ..core.build_lock import variant_lock
 from ..core.device_view import DeviceView
 from . import cache_check
 from .request import TritonCompileRequest
-from .spec import compile_inputs, resolve_kernel, spec_json
+from .compile_inputs import compile_inputs, resolve_kernel, spec_json
 from .standin import install_stand_in
 
 

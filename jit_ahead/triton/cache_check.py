@@ -37,7 +37,7 @@ import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
-from .spec import cache_file_stem
+from .compile_inputs import cache_file_stem
 
 MANIFEST = "jit_ahead_manifest.json"
 _EM_CUDA = 190

@@ -26,9 +26,9 @@ log = logging.getLogger("jit_ahead.triton.executor")
 
 
 def request_from_hook(fn, compile: dict):
-    """The request of a compile Triton's hook reports (planning's function: its module is imported at the
+    """The request of a compile Triton's hook reports (its module imports Triton's compiler: imported at the
     first miss, not by a process that never misses)."""
-    from .plan import request_from_hook as from_hook
+    from .call import request_from_hook as from_hook
 
     return from_hook(fn, compile)
 

@@ -27,7 +27,7 @@ from .record import decode_for as decode_record_for
 from .record import encode as encode_record
 from .record import header as record_header
 from .request import FAMILY, TritonCompileRequest
-from .spec import not_importable
+from .compile_inputs import not_importable
 from .standin import install_stand_in
 
 if TYPE_CHECKING:  # planning's modules are imported when a process first plans or tunes
@@ -87,7 +87,7 @@ class TritonFamily(FamilyBase):
         knobs.compilation.listener = self._on_compile
 
     def _remove_hooks(self) -> None:
-        hook.clear_miss_handler(self._on_miss)
+        hook.release(self._on_miss)
         autotune.remove_recorder(self._record_choice)
         autotune.remove_bench_listener(self._on_benchmark)
         if knobs.compilation.listener == self._on_compile:
@@ -166,7 +166,7 @@ class TritonFamily(FamilyBase):
         """An autotuner times one config on this process's GPU: the ``autotune_bench`` event, naming the
         kernel and the tuning key, and whether tune-ahead runs it."""
         from . import tuning
-        from .spec import unwrap_jit_function
+        from .compile_inputs import unwrap_jit_function
         from .tune_ahead import tuning_ahead
 
         kernel = unwrap_jit_function(autotuner)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from triton import knobs
 
 from ..core.executor import JitAfterReadyError
-from ..core.processes import fork_safe_lock
+from ..core.shared_patch import SharedPatch
 from . import compat
 
 log = logging.getLogger("jit_ahead.triton")
@@ -24,9 +24,28 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_triton_cap
 
 MissHandler = Callable[..., None]
 
-_lock = fork_safe_lock()
-_previous = None
-_miss_handler: MissHandler | None = None
+_previous = None  # the hook that held Triton's slot before ours: called first
+
+
+def _put_in_slot() -> None:
+    global _previous
+    compat.patch_specialization_serializer()
+    current = knobs.runtime.jit_cache_hook
+    if current is not jit_cache_hook:
+        _previous = current
+        knobs.runtime.jit_cache_hook = jit_cache_hook
+
+
+def _take_out_of_slot() -> None:
+    """Give the slot back to the hook that had it; a hook installed over ours since keeps it (ours, left
+    chained below it, then only passes launches on)."""
+    global _previous
+    if knobs.runtime.jit_cache_hook is jit_cache_hook:
+        knobs.runtime.jit_cache_hook = _previous
+        _previous = None
+
+
+_patch: SharedPatch[MissHandler] = SharedPatch(_put_in_slot, _take_out_of_slot)
 
 
 def jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **kwargs):
@@ -40,7 +59,7 @@ def jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled
                           already_compiled=already_compiled, **kwargs)
         if vetoed:
             return vetoed  # the other hook's own capture: no build, no launch
-    handler = _miss_handler
+    handler = _patch.handler
     if handler is not None:
         try:
             handler(fn=fn, compile=compile)
@@ -52,20 +71,11 @@ def jit_cache_hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled
 
 
 def install(miss_handler: MissHandler | None = None) -> None:
-    """Install the hook (once, chaining any previous one); set or keep the executor's miss handler."""
-    global _previous, _miss_handler
-    with _lock:
-        compat.patch_specialization_serializer()
-        current = knobs.runtime.jit_cache_hook
-        if current is not jit_cache_hook:
-            _previous = current
-            knobs.runtime.jit_cache_hook = jit_cache_hook
-        if miss_handler is not None:
-            _miss_handler = miss_handler
+    """Hold the hook in Triton's slot (chaining any previous one; put back where another hook replaced it):
+    a family holds it with its executor's miss handler, a capture without one. ``release`` with the same
+    argument lets go; the last to let go gives the slot back."""
+    _patch.hold(miss_handler)
 
 
-def clear_miss_handler(handler: MissHandler) -> None:
-    global _miss_handler
-    with _lock:
-        if _miss_handler is handler:
-            _miss_handler = None
+def release(miss_handler: MissHandler | None = None) -> None:
+    _patch.let_go(miss_handler)

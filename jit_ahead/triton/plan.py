@@ -18,7 +18,6 @@ import contextlib
 import contextvars
 import copy
 import itertools
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -30,30 +29,10 @@ from triton.runtime.jit import JITFunction
 
 from ..core.processes import fork_safe_lock
 from . import autotune, hook, tuning
+from .call import cache_invalidating_env, request_from_hook
 from .request import TritonCompileRequest
-from .spec import decode_options, on_disk, predict_hash, target_tuple
+from .compile_inputs import on_disk
 from .standin import ensure_driver
-
-
-def cache_invalidating_env() -> dict[str, str]:
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
-    return dict(get_cache_invalidating_env_vars())
-
-
-def request_from_hook(fn, compile: dict, env: dict[str, str] | None = None) -> TritonCompileRequest:
-    """The request for one hook call: predicted from the very inputs this process would compile."""
-    from triton.compiler import ASTSource
-
-    kernel: JITFunction = fn.jit_function
-    target: GPUTarget = kernel.device_caches[compile["device"]][2]
-    spec = compile["specialization_data"]
-    src = ASTSource(kernel, compile["signature"], compile["constants"], compile["configs"][0])
-    env = cache_invalidating_env() if env is None else env
-    predicted = predict_hash(src, target, decode_options(json.loads(spec)), env)
-    return TritonCompileRequest(module=kernel.module, qualname=kernel.fn.__qualname__, name=kernel.fn.__name__,
-                                specialization_data=spec, target=target_tuple(target),
-                                env=tuple(sorted(env.items())), predicted_hash=predicted)
 
 
 class _Recorded:
@@ -385,17 +364,20 @@ def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
     (well under a microsecond per launch): launches outside capturing contexts are otherwise untouched.
     """
     target = ensure_driver(target)
-    hook.install()
     plan = Capture(target)
     t0 = time.perf_counter()
-    with _capture_patches():
-        token = hook.capturing.set(plan)
-        try:
-            yield plan
-        finally:
-            hook.capturing.reset(token)
-            plan.release()
-            plan.seconds += time.perf_counter() - t0
+    hook.install()
+    try:
+        with _capture_patches():
+            token = hook.capturing.set(plan)
+            try:
+                yield plan
+            finally:
+                hook.capturing.reset(token)
+                plan.release()
+                plan.seconds += time.perf_counter() - t0
+    finally:
+        hook.release()
 
 
 def plan_launch(kernel, *args, grid=(1,), **kwargs) -> list[TritonCompileRequest]:

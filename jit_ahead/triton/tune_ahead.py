@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from triton.runtime.autotuner import Autotuner
 
-from .spec import unwrap_jit_function
+from .compile_inputs import unwrap_jit_function
 from .tuning import TensorSpec, TuningTask
 
 log = logging.getLogger("jit_ahead.triton.tune_ahead")

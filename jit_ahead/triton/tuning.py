@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from triton.runtime.autotuner import Autotuner
 
 from ..core.records import is_dotted_name
-from .spec import unwrap_jit_function
+from .compile_inputs import unwrap_jit_function
 
 _SCALARS = (int, float, bool, str, type(None))
 _VALUES_KEPT = 1 << 16  # host index tensors up to this many elements travel with their values

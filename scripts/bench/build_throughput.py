@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build throughput: N helpers against in-process serial compilation of the same variant set.
 
-Plans ~250 real Liger-Kernel and flash-linear-attention variants on meta tensors (examples.sweep_launches),
+Plans ~250 real Liger-Kernel and flash-linear-attention variants on meta tensors (workloads.sweep_launches),
 then, each arm into its own empty Triton cache and side by side in one run:
   serial   the variants compiled one after another in this process (what an executor would pay);
   N        a fresh pool of N helpers (N = 1, 2, 4, ... up to the usable CPUs): the time from submitting
@@ -21,6 +21,9 @@ import platform
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # REPO_ON_PATH: tests/workloads.py
 
 
 def versions() -> dict:
@@ -99,8 +102,8 @@ def pool_arm(requests, workers: int, start: str) -> dict:
 
 
 def planned_variants(every: int = 1) -> list:
-    """Every ``every``-th of the ~260 Liger-Kernel and fla variants of examples.sweep_launches."""
-    from jit_ahead import examples
+    """Every ``every``-th of the ~260 Liger-Kernel and fla variants of workloads.sweep_launches."""
+    from tests import workloads as examples  # the repository is on sys.path (REPO_ON_PATH)
     from jit_ahead.triton import capture
     from jit_ahead.triton.standin import ensure_driver
 

@@ -2,7 +2,7 @@
 """On a GPU host: helpers build real third-party kernel variants, then a fresh server process launches them.
 
 Step 1 (this process, GPU visible): plan every Liger-Kernel and flash-linear-attention workload of
-jit_ahead.examples on meta tensors (the real driver supplies the target), build them in CPU-only nice-19
+tests/workloads.py on meta tensors (the real driver supplies the target), build them in CPU-only nice-19
 helpers into an empty Triton cache, and record what was built.
 Step 2 (a fresh process, jit_ahead not started): run every workload for real on CUDA tensors through the
 libraries' own launchers, with Triton's compilation listener counting compile() calls and cache hits, and
@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # REPO_ON_PATH: tests/workloads.py
 
 
 def versions() -> dict:
@@ -51,7 +54,7 @@ def versions() -> dict:
 
 
 def plan_and_build(workers: int | None) -> dict:
-    from jit_ahead import examples
+    from tests import workloads as examples  # the repository is on sys.path (REPO_ON_PATH)
 
     workloads = examples.available()
     examples.import_libraries(workloads)
@@ -85,7 +88,7 @@ def serve(names: list[str]) -> dict:
     import torch
     from triton import knobs
 
-    from jit_ahead import examples
+    from tests import workloads as examples  # the repository is on sys.path (REPO_ON_PATH)
 
     compiles = []
 

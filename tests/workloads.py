@@ -1,5 +1,5 @@
-"""Third-party kernel workloads (Liger-Kernel, flash-linear-attention) used by the demo, the benchmarks,
-the GPU checks and the tests.
+"""Third-party kernel workloads (Liger-Kernel, flash-linear-attention) used by the tests, the
+build-throughput benchmark and the helpers round trip on the GPU (scripts put the repository on their path).
 
 Each workload calls the library's real Python launcher, so planning on meta tensors and running on a GPU
 go through exactly the code a server runs; each also has a plain-torch reference for correctness checks.

@@ -1,0 +1,50 @@
+"""A process-wide patch of a DSL (its compile hook) that is in place while anyone holds it.
+
+A family holds it from its start to its close, with its handler (the executor's miss handling); planning
+holds it for each capture, without one. The last holder to let go puts the DSL back as it was, so nothing
+of a closed session stays in the DSL. One handler at a time: the latest holder's."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from .processes import fork_safe_lock
+
+H = TypeVar("H")
+
+
+class SharedPatch(Generic[H]):
+    """``apply()`` runs at every hold (it does nothing where the patch is in place, and puts it back where
+    someone replaced it meanwhile), ``restore()`` when the last holder leaves; both under this patch's
+    lock. ``restore`` must leave alone a slot someone else has taken over since."""
+
+    def __init__(self, apply: Callable[[], None], restore: Callable[[], None]) -> None:
+        self._apply = apply
+        self._restore = restore
+        self._lock = fork_safe_lock()
+        self._holders = 0
+        self.handler: H | None = None
+
+    def hold(self, handler: H | None = None) -> None:
+        with self._lock:
+            self._apply()
+            self._holders += 1
+            if handler is not None:
+                self.handler = handler
+
+    def let_go(self, handler: H | None = None) -> None:
+        """One holder leaves (with the handler it held by, if any). Extra calls are ignored."""
+        with self._lock:
+            if handler is not None and self.handler is handler:
+                self.handler = None
+            if self._holders == 0:
+                return
+            self._holders -= 1
+            if self._holders == 0:
+                self.handler = None
+                self._restore()
+
+    @property
+    def held(self) -> bool:
+        with self._lock:
+            return self._holders > 0
