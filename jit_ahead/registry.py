@@ -2,44 +2,31 @@
 declare under the entry-point group ``jit_ahead.families`` (each entry point names a ``FamilyInfo``).
 
 This module is read by the ``JIT_AHEAD=1`` start-up hook in every process, before anything else of
-jit_ahead: it imports nothing at module level, and the installed packages' entry points are read only
-when a name is not a built-in one. A family's implementation (``core/family.py``'s contract) is imported
-only when a session asks for it, since it imports its DSL.
+jit_ahead: it imports nothing at module level but ``frozen.py`` (which imports nothing), and an installed
+package's entry point is read only when its name is asked for (all of them only for ``known_families``).
+A family's implementation (``core/family.py``'s contract) is imported only when a session asks for it,
+since it imports its DSL.
 """
+from .frozen import Frozen
+
 ENTRY_POINT_GROUP = "jit_ahead.families"
 
 
-class FamilyInfo:
-    """A family as the registry knows it, before its DSL is imported (a plain class: a dataclass would cost
-    the start-up hook the import of ``dataclasses``)."""
+class FamilyInfo(Frozen):
+    """A family as the registry knows it, before its DSL is imported.
 
-    __slots__ = ("name", "implementation", "triggers", "misses_are_calls")
+    implementation: "module:Class" of the Family. triggers: modules whose import starts a ``JIT_AHEAD=1``
+    session naming this family. misses_are_calls: the coverage report's reading, True when the family has
+    no compilation listener, so each executor miss is itself what happened to a call (loaded, waited, built
+    in place, or compiled by the DSL)."""
 
-    def __init__(self, name: str, implementation: str, triggers: tuple, misses_are_calls: bool = False) -> None:
-        # implementation: "module:Class" of the Family. triggers: modules whose import starts a
-        # JIT_AHEAD=1 session naming this family. misses_are_calls: the coverage report's reading, True
-        # when the family has no compilation listener, so each executor miss is itself what happened to a
-        # call (loaded, waited, built in place, or compiled by the DSL).
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "implementation", implementation)
-        object.__setattr__(self, "triggers", tuple(triggers))
-        object.__setattr__(self, "misses_are_calls", bool(misses_are_calls))
+    name: str
+    implementation: str
+    triggers: tuple
+    misses_are_calls: bool = False
 
-    def __setattr__(self, name, value):
-        raise AttributeError("FamilyInfo is frozen")
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, FamilyInfo) and self._fields() == other._fields()
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
-
-    def __repr__(self) -> str:
-        return (f"FamilyInfo(name={self.name!r}, implementation={self.implementation!r}, "
-                f"triggers={self.triggers!r}, misses_are_calls={self.misses_are_calls!r})")
-
-    def _fields(self) -> tuple:
-        return (self.name, self.implementation, self.triggers, self.misses_are_calls)
+    def __init__(self, name: str, implementation: str, triggers, misses_are_calls: bool = False) -> None:
+        super().__init__(name, implementation, tuple(triggers), bool(misses_are_calls))
 
     def load(self) -> type:
         import importlib
@@ -54,6 +41,7 @@ BUILTIN = (
 )
 _registered: dict = {}  # name -> FamilyInfo: register() and the entry points, once read
 _entry_points_read = False
+_unloadable: set = set()  # entry point names that failed to load (said once)
 
 
 def register(info: FamilyInfo) -> None:
@@ -63,25 +51,32 @@ def register(info: FamilyInfo) -> None:
     _registered[info.name] = info
 
 
-def _read_entry_points() -> None:
+def _read_entry_points(only: str | None = None) -> None:
+    """Load the group's entry points (``only``: the one of that name; each package's module is imported
+    when its entry point is loaded)."""
     global _entry_points_read
     if _entry_points_read:
         return
     from importlib.metadata import entry_points
 
     for point in entry_points(group=ENTRY_POINT_GROUP):
+        if (only is not None and point.name != only) or point.name in _registered or point.name in _unloadable:
+            continue
         try:
             info = point.load()
         except Exception as exc:  # one broken package must not take the others with it
+            _unloadable.add(point.name)
             _log_error("jit_ahead family entry point %s (%s) cannot be loaded (%s: %s); left out",
                        point.name, point.value, type(exc).__name__, exc)
             continue
         if not isinstance(info, FamilyInfo) or info.name != point.name:
+            _unloadable.add(point.name)
             _log_error("jit_ahead family entry point %s (%s) is not a FamilyInfo named %r; left out",
                        point.name, point.value, point.name)
             continue
         _registered.setdefault(info.name, info)
-    _entry_points_read = True  # after the scan: a thread asking meanwhile scans too, it never finds less
+    if only is None:
+        _entry_points_read = True  # after the scan: a thread asking meanwhile scans too, it never finds less
 
 
 def _log_error(message: str, *args) -> None:
@@ -96,7 +91,7 @@ def family_info(name: str):
         if info.name == name:
             return info
     if name not in _registered:
-        _read_entry_points()
+        _read_entry_points(only=name)
     return _registered.get(name)
 
 

@@ -36,6 +36,7 @@ def toy(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setattr(registry, "_registered", {})
     monkeypatch.setattr(registry, "_entry_points_read", False)
+    monkeypatch.setattr(registry, "_unloadable", set())
     monkeypatch.setenv(dsl.CACHE_KNOB, str(tmp_path / "toy-cache"))
     monkeypatch.setattr(dsl, "compiled_here", [])
     sessions = []
@@ -67,12 +68,17 @@ def test_the_entry_point_group_registers_a_family_and_a_session_starts_it(toy):
 def test_a_broken_entry_point_is_one_line_and_leaves_the_others(toy, tmp_path, caplog):
     (tmp_path / "site" / "toy_jit_family-0.1.dist-info" / "entry_points.txt").write_text(
         "[jit_ahead.families]\ntoy = tests.toy:INFO\nbroken = tests.toy.nonesuch:INFO\nwrong = tests.toy.family:SPEC\n")
+
+    def lines():
+        return [r.getMessage() for r in caplog.records if r.name == "jit_ahead.registry"]
+
     assert registry.family_info("toy") == INFO
+    assert not lines()  # only the entry point asked for is loaded (each imports its package's module)
     assert registry.family_info("broken") is None and registry.family_info("wrong") is None
-    lines = [r.getMessage() for r in caplog.records if r.name == "jit_ahead.registry"]
-    assert len(lines) == 2 and any("broken" in line and "cannot be loaded" in line for line in lines)
+    assert len(lines()) == 2 and any("broken" in line and "cannot be loaded" in line for line in lines())
     with pytest.raises(ValueError, match="unknown jit_ahead family 'broken'; known: .*toy"):
         Session(("broken",))
+    assert len(lines()) == 2  # said once each
 
 
 def test_planned_variants_are_built_by_helpers_and_loaded_without_a_compile(toy):

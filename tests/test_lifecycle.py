@@ -186,7 +186,7 @@ def test_helpers_start_with_the_first_request_and_import_its_library_once(sessio
     assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
     (forkserver,) = [e["pid"] for e in events if e["event"] == "forkserver_ready"]
     assert marker.read_text().split() == [str(forkserver)]
-    assert "tests_absent_library" not in session.triton.pool.starter.preloads
+    assert "tests_absent_library" not in session.triton.pool.preloads
     helpers = [e for e in events if e["event"] == "helper_ready"]
     assert helpers and all(e["info"]["forked_from"] == forkserver for e in helpers)
 

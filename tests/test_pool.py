@@ -584,7 +584,8 @@ def _pids_cgroup(tmp_path):
 def test_at_a_process_limit_the_pool_gives_up_in_a_few_lines_and_misses_build_in_place(triton_cache, tmp_path):
     # Under a pid limit, each slot's thread died on "can't start new thread" with a traceback, and the
     # pool never said it would build nothing: launches and wait_ready waited for helpers that could not
-    # come. Now every failed start is one line, the slots give up, and builds_nothing() turns True.
+    # come. Now the slots' threads start with the first request (here, under the limit): the submit
+    # succeeds, one line says the slots could not start, and builds_nothing() turns True.
     import json
     import subprocess
     import sys
@@ -608,7 +609,7 @@ def test_at_a_process_limit_the_pool_gives_up_in_a_few_lines_and_misses_build_in
     assert result["builds_nothing"] is True and result["seconds"] < 30, result
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     ours = [line for line in done.stderr.splitlines() if line.startswith("jit_ahead")]
-    assert 2 <= len(ours) <= 20 and sum("starts failed in a row" in line for line in ours) == 2, ours
+    assert len(ours) == 1 and "2 of 2 helper slots could not start" in ours[0], ours
 
 
 ORPHAN_PROBE = r"""

@@ -289,12 +289,13 @@ def test_recorded_choices_are_forgotten_when_their_session_closes(tmp_path, monk
     # They answered every later session's autotuners in this process, records or not.
     from jit_ahead.core.device_view import current
     from jit_ahead.triton import autotune
+    from jit_ahead.triton.device import target_of
 
     records = tmp_path / "records"
     records.mkdir(mode=0o700)
     monkeypatch.setenv("JIT_AHEAD_RECORD_DIR", str(records))
     view = current()
-    folder = RecordFolder(records, autotune.record_format(view.triton_target, view.name))
+    folder = RecordFolder(records, autotune.record_format(target_of(view), view.name))
     folder.add([autotune.TuningChoice("tests.kernels.basic", "k", "source", (1,), ("a", "b"), "a")])
     folder.close()
     session = session_factory(workers=0)

@@ -34,9 +34,10 @@ def test_unset_does_nothing_at_all():
     assert run(LOADED, JIT_AHEAD="0") == []
 
 
-def test_set_but_triton_never_imported_costs_two_small_modules():
-    # the hook and the family registry it reads the trigger modules from; both import nothing else
-    assert run(LOADED, JIT_AHEAD="1") == ["jit_ahead", "jit_ahead.autostart", "jit_ahead.registry"]
+def test_set_but_triton_never_imported_costs_three_small_modules():
+    # the hook, the family registry it reads the trigger modules from, and the registry's record type;
+    # they import nothing else
+    assert run(LOADED, JIT_AHEAD="1") == ["jit_ahead", "jit_ahead.autostart", "jit_ahead.frozen", "jit_ahead.registry"]
 
 
 def test_set_starts_a_session_once_triton_is_imported():
@@ -48,10 +49,14 @@ def test_set_starts_a_session_once_triton_is_imported():
 def test_a_process_that_only_imports_triton_starts_no_helper_and_imports_no_torch(tmp_path):
     # It never plans or misses: the session must cost it nothing. It read the GPU (importing torch, about
     # a second) at start, before anything needed it.
-    code = ("import json, sys, time, triton, psutil; time.sleep(1.0); "
-            "print(json.dumps(['torch' in sys.modules, [p.pid for p in psutil.Process().children(recursive=True)]]))")
+    # Nor does it start the helper slots' threads or import what starts helpers (the fork server, the
+    # helpers' messages): they come with the first request queued.
+    code = ("import json, sys, threading, time, triton, psutil; time.sleep(1.0); "
+            "print(json.dumps(['torch' in sys.modules, [p.pid for p in psutil.Process().children(recursive=True)], "
+            "sorted(t.name for t in threading.enumerate() if 'slot' in t.name), "
+            "sorted(m for m in sys.modules if m.endswith(('.forkserver', '.protocol', '.helper_starter')))]))")
     stats = tmp_path / "stats.jsonl"
-    assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="2", JIT_AHEAD_STATS=str(stats)) == [False, []]
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="2", JIT_AHEAD_STATS=str(stats)) == [False, [], [], []]
     events = [json.loads(line)["event"] for line in stats.read_text().splitlines()]
     assert not {"helper_ready", "forkserver_ready", "build_start"} & set(events), events
 

@@ -6,13 +6,16 @@ planner on a machine without a GPU, must see the server's values or it plans and
 A :class:`DeviceView` is captured from the live GPU in the server (or is the embedded sm_90 default on a
 CPU-only machine), travels to helpers in their first message, and is installed there before any kernel
 module is imported: torch's device queries answer with the recorded values. Families add their own part
-(the Triton family installs a stand-in driver with the same target and properties).
+of the view (``register_part_reader``: the Triton family reads its driver's target and properties, and
+installs a stand-in driver with them where there is no GPU); the core knows none of them.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("jit_ahead.device_view")
@@ -26,8 +29,15 @@ _H200_TORCH = {"L2_cache_size": 62914560, "clock_rate": 1980000, "gcnArchName": 
                "regs_per_multiprocessor": 65536, "shared_memory_per_block": 49152,
                "shared_memory_per_block_optin": 232448, "shared_memory_per_multiprocessor": 233472,
                "total_memory": 150109880320, "warp_size": 32}
-_H200_TRITON = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": 132, "warpSize": 32,
-                "sm_clock_rate": 1980000, "mem_clock_rate": 3201000, "mem_bus_width": 6016}
+
+# family name -> what that family reads of the live device (its index), JSON-able; see register_part_reader
+_part_readers: dict[str, Callable[[int], dict]] = {}
+
+
+def register_part_reader(family: str, reader: Callable[[int], dict]) -> None:
+    """``reader(device)`` is called when a view is captured from the live GPU; what it returns is the view's
+    ``parts[family]``. A family registers it when its module is imported."""
+    _part_readers[family] = reader
 
 
 @dataclass(frozen=True)
@@ -35,22 +45,25 @@ class DeviceView:
     name: str
     capability: tuple[int, int]
     torch_properties: dict = field(default_factory=dict)  # torch.cuda.get_device_properties() fields
-    triton_target: tuple[str, int, int] = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp_size)
-    triton_properties: dict = field(default_factory=dict)  # driver.utils.get_device_properties()
+    backend: str = "cuda"  # the GPU's programming interface: "cuda" or "hip"
+    parts: dict = field(default_factory=dict)  # family name -> what that family read of the device
     device_count: int = 1
 
     @classmethod
     def h200(cls) -> "DeviceView":
-        """The embedded default for CPU-only machines: an H200 (sm_90)."""
-        return cls("NVIDIA H200", (9, 0), dict(_H200_TORCH), ("cuda", 90, 32), dict(_H200_TRITON))
+        """The embedded default for CPU-only machines: an H200 (sm_90). Families fill in their own parts'
+        defaults for it."""
+        return cls("NVIDIA H200", (9, 0), dict(_H200_TORCH))
 
     @classmethod
-    def for_target(cls, backend: str, arch: int, warp_size: int = 32) -> "DeviceView":
-        if (backend, arch) == ("cuda", 90):
-            return cls.h200()
-        major, minor = divmod(arch, 10)
-        return cls(f"jit_ahead stand-in sm_{arch}", (major, minor), {"name": f"sm_{arch}", "major": major,
-                   "minor": minor}, (backend, arch, warp_size), dict(_H200_TRITON))
+    def stand_in(cls, backend: str, capability: tuple[int, int], parts: dict | None = None) -> "DeviceView":
+        """A GPU of another architecture where there is none: the H200 default for sm_90, else only the
+        architecture is known."""
+        if (backend, tuple(capability)) == ("cuda", (9, 0)):
+            return dataclasses.replace(cls.h200(), parts=dict(parts or {}))
+        major, minor = capability
+        return cls(f"jit_ahead stand-in sm_{major}{minor}", (major, minor),
+                   {"name": f"sm_{major}{minor}", "major": major, "minor": minor}, backend, dict(parts or {}))
 
     @classmethod
     def capture(cls, device: int | None = None) -> "DeviceView | None":
@@ -63,18 +76,15 @@ class DeviceView:
         props = torch.cuda.get_device_properties(device)
         torch_properties = {k: getattr(props, k) for k in dir(props)
                             if not k.startswith("_") and isinstance(getattr(props, k), (int, float, str, bool))}
-        triton_target, triton_properties = ("cuda", props.major * 10 + props.minor, 32), {}
-        try:
-            import triton
-
-            driver = triton.runtime.driver.active
-            target = driver.get_current_target()
-            triton_target = (target.backend, int(target.arch), int(target.warp_size))
-            triton_properties = dict(driver.utils.get_device_properties(device))
-        except Exception as exc:  # the torch part still helps libraries that only ask torch
-            log.warning("could not read Triton's device properties: %s", exc)
+        parts = {}
+        for family, reader in list(_part_readers.items()):
+            try:
+                parts[family] = reader(device)
+            except Exception as exc:  # the torch part still helps libraries that only ask torch
+                log.warning("could not read the %s family's device properties: %s", family, exc)
+        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
         return cls(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
-                   torch_properties, triton_target, triton_properties, torch.cuda.device_count())
+                   torch_properties, backend, parts, torch.cuda.device_count())
 
     def install_torch(self, force: bool = False) -> None:
         """Make torch's device queries answer with this view: only where torch has no GPU of its own, or

@@ -6,73 +6,20 @@ thread, and hands subscribers and the stats log one JSON object per event: ``{"e
 (``parse``). A field listed in a class's ``omitted_when_none`` is left out of the object when it is None
 (the reader tells "no such field" from None there); every other field is always written.
 
-Records are declared as dataclasses are (annotated fields, defaults, frozen instances, equality) but made
-by ``Record`` itself: every ``JIT_AHEAD=1`` process defines all of them at start, and a dataclass costs each
-class the generation of its methods, which a process that never plans nor misses should not pay.
+Events are ``Frozen`` records (``jit_ahead/frozen.py``): declared as dataclasses are, without the cost of
+generating each class's methods, which every ``JIT_AHEAD=1`` process would pay at start.
 """
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ..frozen import Factory, Frozen
+
 EVENTS: dict[str, type["Event"]] = {}
 STAMP_FIELDS = ("time", "phase", "thread")
 
 
-class Factory:
-    """A field's default made anew for each record (``Factory(dict)``), as dataclasses' default_factory."""
-
-    def __init__(self, make) -> None:
-        self.make = make
-
-
-class Record:
-    """A frozen record whose fields are its class's annotations (after its bases'), with the class-level
-    values as defaults."""
-
-    _fields: ClassVar[tuple[str, ...]] = ()
-    _defaults: ClassVar[dict[str, Any]] = {}
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        own = [n for n, hint in cls.__dict__.get("__annotations__", {}).items()
-               if "ClassVar" not in str(hint)]
-        cls._fields = tuple(dict.fromkeys((*cls._fields, *own)))
-        cls._defaults = {**cls._defaults, **{n: cls.__dict__[n] for n in own if n in cls.__dict__}}
-
-    def __init__(self, *args, **kwargs) -> None:
-        cls = type(self)
-        if len(args) > len(cls._fields):
-            raise TypeError(f"{cls.__name__} takes {len(cls._fields)} fields, {len(args)} given")
-        values = dict(zip(cls._fields, args))
-        for key, value in kwargs.items():
-            if key not in cls._fields or key in values:
-                raise TypeError(f"{cls.__name__}: unknown or repeated field {key!r}")
-            values[key] = value
-        for key in cls._fields:
-            if key not in values:
-                if key not in cls._defaults:
-                    raise TypeError(f"{cls.__name__} needs the field {key!r}")
-                default = cls._defaults[key]
-                values[key] = default.make() if isinstance(default, Factory) else default
-        object.__setattr__(self, "__dict__", values)
-
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"{type(self).__name__} is frozen")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{type(self).__name__} is frozen")
-
-    def __eq__(self, other) -> bool:
-        return type(other) is type(self) and other.__dict__ == self.__dict__
-
-    def __hash__(self) -> int:
-        return hash((type(self), *self.__dict__.values()))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
-
-
-class Stamp(Record):
+class Stamp(Frozen):
     """What ``Stats.emit`` adds to every event."""
 
     time: float
@@ -80,7 +27,7 @@ class Stamp(Record):
     thread: str
 
 
-class Event(Record):
+class Event(Frozen):
     name: ClassVar[str] = ""
     omitted_when_none: ClassVar[tuple[str, ...]] = ()
 

@@ -49,6 +49,10 @@ class HelperProcess:
         except (BrokenPipeError, OSError, ValueError):
             return False
 
+    def ask_to_exit(self) -> bool:
+        """Shutdown: an idle helper exits at once, a busy one after its build."""
+        return self.send(Shutdown())
+
     def receive(self, timeout: float | None) -> object:
         """The next message; None at end of stream; TimeoutError if nothing came within ``timeout``."""
         if timeout is not None:
@@ -86,7 +90,7 @@ class HelperProcess:
 
     def stop(self, grace: float) -> None:
         if self.proc.poll() is None:
-            self.send(Shutdown())
+            self.ask_to_exit()
             self.wait_or_kill(grace)
         for stream in (self.to_helper, self.from_helper):
             try:

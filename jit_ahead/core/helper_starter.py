@@ -25,22 +25,20 @@ HELPER_ENTRY = "jit_ahead_helpers.worker"
 # The fork server exits once no helper has run for this long (it holds the imported libraries); the next
 # build starts a new one.
 FORKSERVER_IDLE_S = 30.0
-START_MODES = ("server", "fork", "spawn")
 
 
 class HelperStarter:
     """Starts helpers for one family's pool. ``start_mode``: "server" forks them from a fork server that is a
     fork of this process (made before serving starts; everything the server imported is there already),
     "fork" from a fork server started as a fresh interpreter, "spawn" starts each as its own interpreter
-    (also the fallback once the fork server fails). ``closed`` and ``serving`` are the pool's: no helper
-    starts once it closes, and no fork of the server is made once serving started."""
+    (also the fallback once the fork server fails; the pool checks the mode). ``closed`` and ``serving``
+    are the pool's: no helper starts once it closes, and no fork of the server is made once serving
+    started."""
 
     def __init__(self, family_name: str, builder: str, stats: Stats, *, env: dict[str, str],
                  device_view: DeviceView | ViewOnDemand | None, start_mode: str, start_timeout: float,
                  build_timeout: float, closed: threading.Event, serving: threading.Event,
                  python: str = sys.executable, max_forkserver_deaths: int = 3) -> None:
-        if start_mode not in START_MODES:
-            raise ValueError(f"start_mode must be 'server', 'fork' or 'spawn', not {start_mode!r}")
         self._family = family_name
         self._builder = builder
         self._stats = stats

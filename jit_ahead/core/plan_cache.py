@@ -198,8 +198,8 @@ def plan_key(model, limits, providers: list, families: dict, view) -> dict:
         "libraries": {package: distribution_digest(package) for package in sorted(packages) if package != "__main__"},
         "torch": torch.__version__,
         "jit_ahead": [__version__, _own_sources()],
-        "device": [view.name, list(view.capability), sorted(view.torch_properties.items()),
-                   list(view.triton_target), sorted(view.triton_properties.items())],
+        "device": [view.name, list(view.capability), sorted(view.torch_properties.items()), view.backend,
+                   view.parts],
         "families": {name: family.plan_header() for name, family in sorted(families.items())},
     }
 

@@ -16,19 +16,22 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import events
 from .build_cost import BuildCost, HelperLoad
 from .device_view import DeviceView, ViewOnDemand
-from .helper_env import helper_environment
-from .helper_process import HelperProcess, Stint
-from .helper_starter import FORKSERVER_IDLE_S, HelperStarter
 from .knobs import checked_process_count, checked_seconds
 from .priority import Priority
-from .protocol import Job, JobDone, ProtocolError, Shutdown
 from .requests import BuildRequest
 from .stats import Stats
 from .table import RequestTable, State, Ticket
+
+# The process machinery (starting helpers, the fork server, the messages) is imported when the first
+# request is queued: a process that never builds anything never pays for it.
+if TYPE_CHECKING:
+    from .helper_process import HelperProcess, Stint
+    from .helper_starter import HelperStarter
 
 log = logging.getLogger("jit_ahead.pool")
 
@@ -51,9 +54,10 @@ HELPER_IDLE_S = 0.5
 class HelperPool:
     """Helper slots for one family, building what its request table queues.
 
-    ``workers=0`` starts no helpers: requests stay queued and every miss builds in place. How helpers are
-    started (``start_mode``: forked from a fork server, or spawned) is the ``HelperStarter``'s; how long
-    builds take, and whether a launch waits for a helper, the ``BuildCost``'s. ``table``: the family's
+    ``workers=0`` starts no helpers: requests stay queued and every miss builds in place. The slots'
+    threads start with the first request queued after ``start()``, helpers when a slot takes work. How
+    helpers are started (``start_mode``: forked from a fork server, or spawned) is the ``HelperStarter``'s;
+    how long builds take, and whether a launch waits for a helper, the ``BuildCost``'s. ``table``: the family's
     (its executor claims from the same one); a table of the pool's own when none is given.
     """
 
@@ -85,12 +89,14 @@ class HelperPool:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._retire = threading.Event()  # set at the start of serving: helpers exit once the queue is empty
-        self.starter = HelperStarter(family.name, family.builder, stats,
-                                     env=helper_environment(os.environ, env_overrides or {}),
-                                     device_view=device_view, start_mode=start_mode, start_timeout=start_timeout,
-                                     build_timeout=build_timeout, closed=self._closed, serving=self._retire,
-                                     python=python)
+        if start_mode not in ("server", "fork", "spawn"):
+            raise ValueError(f"start_mode must be 'server', 'fork' or 'spawn', not {start_mode!r}")
+        self._starter_options = dict(env_overrides=env_overrides or {}, device_view=device_view,
+                                     start_mode=start_mode, start_timeout=start_timeout, python=python)
+        self._starter: HelperStarter | None = None
+        self._preloads: list[str] = []  # until the starter exists, which keeps them from then on
         self._threads: list[threading.Thread] = []
+        self._slots_started = False
         self._helpers: dict[int, HelperProcess] = {}
         self._starting = 0  # slots that are starting a helper right now
         self._slots_running = 0  # slot threads that have not given up or stopped (they restart helpers)
@@ -112,19 +118,56 @@ class HelperPool:
         pool.preload(knobs.preload_modules(family.preload_knob))
         return pool
 
+    @property
+    def starter(self) -> HelperStarter:
+        """What starts this pool's helpers (made, and its modules imported, on first use)."""
+        with self._lock:
+            if self._starter is None:
+                from .helper_env import helper_environment
+                from .helper_starter import HelperStarter
+
+                options = self._starter_options
+                self._starter = HelperStarter(
+                    self.family.name, self.family.builder, self.stats,
+                    env=helper_environment(os.environ, options["env_overrides"]), device_view=options["device_view"],
+                    start_mode=options["start_mode"], start_timeout=options["start_timeout"],
+                    build_timeout=self._build_timeout, closed=self._closed, serving=self._retire,
+                    python=options["python"])
+                self._starter.preload(self._preloads)
+            return self._starter
+
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
+        """From now on, queued work starts the slots (at once if some is queued already)."""
         with self._lock:
             if self._started:
                 return
             self._started = True
             self._slots_running = self.workers
+        if self.table.has_queued():
+            self._start_slots()
+
+    def _start_slots(self) -> None:
+        """The slot threads, once: each starts a helper when it takes work."""
+        with self._lock:
+            if not self._started or self._slots_started or self._closed.is_set() or not self.workers:
+                return
+        self.starter  # noqa: B018 - made (its modules imported) before any slot needs it
+        with self._lock:  # started under the lock: close() never sees a thread it cannot join yet
+            if self._slots_started or self._closed.is_set():
+                return
+            self._slots_started = True
             for slot in range(self.workers):
                 thread = threading.Thread(target=self._slot_main, args=(slot,), daemon=True,
                                           name=f"jit_ahead-{self.family.name}-slot{slot}")
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # at a thread or process limit: fewer slots, never a failed submit
+                    self._slots_running -= self.workers - slot
+                    log.error("%s: %d of %d helper slots could not start (%s); misses build in place",
+                              self.family.name, self.workers - slot, self.workers, exc)
+                    break
                 self._threads.append(thread)
-        for thread in self._threads:
-            thread.start()
 
     def close(self, grace: float = 5.0) -> None:
         """Stop taking work, ask helpers to exit, kill those that do not within ``grace`` seconds."""
@@ -134,8 +177,9 @@ class HelperPool:
         self.table.close()
         with self._lock:
             helpers = list(self._helpers.values())
+            starter, threads = self._starter, list(self._threads)
         for helper in helpers:
-            helper.send(Shutdown())  # an idle helper exits at once; a busy one after its build
+            helper.ask_to_exit()  # an idle helper exits at once; a busy one after its build
         deadline = time.monotonic() + grace  # one deadline for all, not ``grace`` per helper
         late = [helper for helper in helpers if not helper.exited_within(max(0.0, deadline - time.monotonic()))]
         for helper in late:  # all killed before any is waited for: their exits overlap
@@ -143,8 +187,9 @@ class HelperPool:
         for helper in late:
             helper.reap()
         # before joining the slots: one may be waiting on the fork server (an import), which this ends
-        self.starter.close(max(0.0, deadline - time.monotonic()))
-        for thread in self._threads:
+        if starter is not None:
+            starter.close(max(0.0, deadline - time.monotonic()))
+        for thread in threads:
             thread.join(timeout=grace + 1)
 
     def retire_when_idle(self) -> None:
@@ -163,6 +208,7 @@ class HelperPool:
         self._check_family(request)
         ticket, change = self.table.submit_reporting(request, priority)
         self._report_submit(request, ticket, change)
+        self._start_slots()
         return ticket
 
     def submit_claimed(self, request: BuildRequest, priority: Priority, owner: str) -> tuple[Ticket, bool]:
@@ -170,6 +216,8 @@ class HelperPool:
         self._check_family(request)
         ticket, change, claimed = self.table.submit_claimed(request, priority, owner)
         self._report_submit(request, ticket, change)
+        if not claimed:
+            self._start_slots()
         return ticket, claimed
 
     def _check_family(self, request: BuildRequest) -> None:
@@ -183,7 +231,20 @@ class HelperPool:
 
     def preload(self, modules) -> None:
         """Have every helper, present and future, import these modules before its next build."""
-        self.starter.preload(modules)
+        with self._lock:
+            starter = self._starter
+            if starter is None:
+                self._preloads.extend(m for m in modules if m not in self._preloads)
+                return
+        starter.preload(modules)
+
+    @property
+    def preloads(self) -> tuple[str, ...]:
+        with self._lock:
+            starter = self._starter
+            if starter is None:
+                return tuple(self._preloads)
+        return starter.preloads
 
     # -- the helpers' state, as launches and the session see it ---------------------------------------------
     def live_helpers(self) -> int:
@@ -254,6 +315,8 @@ class HelperPool:
         return False
 
     def _run_slot(self, slot: int) -> None:
+        from .helper_process import Stint
+
         backoff = self._backoff_initial
         failures = 0
         while self._wait_for_work(slot):
@@ -300,6 +363,8 @@ class HelperPool:
 
     def _idle_for_long(self) -> bool:
         """No helper is running or starting, and none has run for FORKSERVER_IDLE_S."""
+        from .helper_starter import FORKSERVER_IDLE_S
+
         with self._lock:
             return (not self._helpers and not self._starting
                     and time.monotonic() - self._last_busy >= FORKSERVER_IDLE_S)
@@ -307,6 +372,8 @@ class HelperPool:
     def _serve(self, helper: HelperProcess, slot: int) -> Stint:
         """Feed ``helper`` jobs until nothing is left for it, it dies, it needs replacing or the pool
         closes."""
+        from .helper_process import Stint
+
         built = False
         while not self._closed.is_set():
             if helper.proc.poll() is not None:
@@ -343,6 +410,9 @@ class HelperPool:
     def _run_job(self, helper: HelperProcess, ticket: Ticket) -> Stint | None:
         """Build one ticket in ``helper``; None if the helper is still there afterwards, else how it
         went (CRASHED: it died building, charged to the request)."""
+        from .helper_process import Stint
+        from .protocol import Job, JobDone, ProtocolError
+
         request = ticket.request
         job_id = next(self._job_ids)
         self.stats.emit(events.BuildStart(family=self.family.name, key=request.key, label=request.label,

@@ -12,8 +12,8 @@ class Priority(enum.IntEnum):
     WARMUP: the engine's next warmup forward or CUDA-graph capture needs it.
     REPLAY: an earlier run of the same deployment used it.
     BACKGROUND: a provider enumerated it as reachable within the engine limits.
-    SPARE: an earlier run launched it only while an autotuner benchmarked a config it did not choose;
-        needed again only if that autotuner benchmarks again (its recorded choice is not usable).
+    SPARE: an earlier run built it without needing its result (for Triton: a config an autotuner tried
+        and did not choose); needed again only if that choice is made again, so built last.
     """
 
     URGENT = 0

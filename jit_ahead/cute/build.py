@@ -112,7 +112,7 @@ def build_into(request: CuteCompileRequest, root: Path) -> dict:
 # -- the builder interface the helper worker calls ------------------------------------------------------------
 def prepare(view=None) -> dict:
     """Import the DSL and compute its fingerprint before saying ready."""
-    if view is not None and view.triton_target[0] == "cuda":
+    if view is not None and view.backend == "cuda":
         os.environ.setdefault(ARCH_VAR, arch_of(view))
     library_cache.set_recorder(None)  # in a fork of the server: its builds are no calls to record
     t0 = time.perf_counter()

@@ -26,8 +26,9 @@ from .record import RecordedVariant, compute_installation_key_in_background, rec
 from .record import decode_for as decode_record_for
 from .record import encode as encode_record
 from .record import header as record_header
-from .request import FAMILY, TritonCompileRequest
 from .compile_inputs import not_importable
+from .device import target_of
+from .request import FAMILY, TritonCompileRequest
 from .standin import install_stand_in
 
 if TYPE_CHECKING:  # planning's modules are imported when a process first plans or tunes
@@ -37,6 +38,9 @@ log = logging.getLogger("jit_ahead.triton")
 
 SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob="JIT_AHEAD_TRITON_WORKERS",
                   preload_knob="JIT_AHEAD_TRITON_PRELOAD")
+# Triton's installation key is hashed this long after the session starts (record.py): the CPU it takes is
+# not spent by short processes, and a server is still building its model then.
+INSTALLATION_KEY_DELAY_S = 1.0
 
 
 class TritonFamily(FamilyBase):
@@ -60,6 +64,7 @@ class TritonFamily(FamilyBase):
         self._plan_decoder = None
         self._tuning_lock = threading.Lock()
         self._closing = False
+        self._key_timer: threading.Timer | None = None
         self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
 
     @property
@@ -67,11 +72,13 @@ class TritonFamily(FamilyBase):
         return self._view.get()
 
     def start(self) -> None:
-        compute_installation_key_in_background()
+        self._key_timer = compute_installation_key_in_background(delay=INSTALLATION_KEY_DELAY_S)
         super().start()
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
     def close(self, grace: float = 2.0) -> None:
+        if self._key_timer is not None:
+            self._key_timer.cancel()
         self._closing = True  # a replay thread still reading forgets what it adds (_open_tuning_records)
         super().close(grace)
         autotune.KNOWN.forget(self)  # the choices this session read go with it
@@ -101,7 +108,7 @@ class TritonFamily(FamilyBase):
                         "autotune choices")
         from .plan import capture
 
-        with capture(target or GPUTarget(*self.device_view.triton_target)) as plan:
+        with capture(target or GPUTarget(*target_of(self.device_view))) as plan:
             yield plan
             self.executor.note_autotune_groups(plan.autotune_groups)
 
@@ -157,7 +164,7 @@ class TritonFamily(FamilyBase):
 
     # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
     def plan_header(self) -> dict:
-        return record_header(self.device_view.triton_target)
+        return record_header(target_of(self.device_view))
 
     def plan_encode(self, request: TritonCompileRequest) -> dict:
         return encode_record(RecordedVariant(request))
@@ -227,7 +234,7 @@ class TritonFamily(FamilyBase):
         return {"records": folder, "tuning_records": tuning}
 
     def _replay_variants(self) -> RecordFolder | None:
-        folder = record_folder(record_format(self.device_view.triton_target))
+        folder = record_folder(record_format(target_of(self.device_view)))
         items = folder.read() if folder is not None else []
         replayed = [item.request for item in items if not item.benchmark_only]
         spare = [item.request for item in items if item.benchmark_only]
@@ -244,7 +251,7 @@ class TritonFamily(FamilyBase):
     def _open_tuning_records(self) -> RecordFolder | None:
         """The autotune choices of earlier starts on this GPU model, for autotuners to answer from."""
         try:
-            folder = record_folder(autotune.record_format(self.device_view.triton_target, self.device_view.name))
+            folder = record_folder(autotune.record_format(target_of(self.device_view), self.device_view.name))
             choices = folder.read() if folder is not None else []
             autotune.KNOWN.add(choices, owner=self)
             if self._closing:  # closed while reading: close() may have forgotten this family's choices already

@@ -39,10 +39,15 @@ def installation_key() -> str:
         return triton_key()
 
 
-def compute_installation_key_in_background() -> None:
-    """Start computing ``installation_key()`` now, in a thread: it reads and hashes Triton's whole install
-    (mostly outside the GIL), and planning's first step, the plan key, needs it."""
-    threading.Thread(target=installation_key, name="jit_ahead-triton-key", daemon=True).start()
+def compute_installation_key_in_background(delay: float) -> threading.Timer:
+    """Compute ``installation_key()`` in a thread ``delay`` seconds from now: it reads and hashes Triton's
+    whole install, and planning's first step, the plan key, needs it. A server builds its model meanwhile;
+    a process that is gone by then (a script that only imports Triton) never pays for it, and one that
+    plans or replays records sooner computes it there. Cancel the timer to skip it."""
+    timer = threading.Timer(delay, installation_key)
+    timer.name, timer.daemon = "jit_ahead-triton-key", True
+    timer.start()
+    return timer
 
 
 def header(target: tuple[str, int, int]) -> dict:

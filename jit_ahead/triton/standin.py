@@ -17,6 +17,7 @@ from triton.backends.driver import DriverBase
 
 from ..core import device_view
 from ..core.device_view import DeviceView
+from .device import properties_of, target_of, view_for_target
 
 log = logging.getLogger("jit_ahead.triton")
 
@@ -132,7 +133,7 @@ def real_driver_available() -> bool:
 def install_stand_in(view: DeviceView) -> None:
     """Show this process ``view``'s GPU: torch's device queries and a stand-in Triton driver."""
     device_view.install(view)
-    triton.runtime.driver.set_active(StandInDriver(GPUTarget(*view.triton_target), view.triton_properties))
+    triton.runtime.driver.set_active(StandInDriver(GPUTarget(*target_of(view)), properties_of(view)))
 
 
 def ensure_driver(target: GPUTarget | None = None) -> GPUTarget:
@@ -147,8 +148,8 @@ def ensure_driver(target: GPUTarget | None = None) -> GPUTarget:
     current = driver._active
     if not isinstance(current, StandInDriver) or current.target != wanted:
         view = device_view.installed()
-        if view is None or GPUTarget(*view.triton_target) != wanted:
-            view = DeviceView.for_target(wanted.backend, wanted.arch, wanted.warp_size)
+        if view is None or GPUTarget(*target_of(view)) != wanted:
+            view = view_for_target(wanted)
         install_stand_in(view)
         log.info("no GPU driver: jit_ahead's stand-in driver shows %s (%s)", view.name, wanted)
     return wanted

@@ -135,6 +135,7 @@ def main() -> int:
     os.environ["TRITON_CACHE_DIR"] = cache
     info = versions()
     from jit_ahead.core.device_view import DeviceView
+    from jit_ahead.triton import device as triton_device  # noqa: F401 - registers the Triton part of the view
 
     view = DeviceView.capture()
     os.makedirs(args.out, exist_ok=True)
