@@ -1,0 +1,83 @@
+"""DeepGEMM's JIT disk cache, laid out and published as its runtime does, so that what a helper writes is
+what the server's DeepGEMM finds.
+
+Roots: ``DG_JIT_CACHE_DIR`` (else ``DJ_JIT_CACHE_DIR``, else ``~/.dj``), colon-separated: the first is
+written to, the others are read-only lookup roots. An entry is ``<root>/cache/<kernel name>.<key>/`` holding
+``kernel.cu``, ``kernel.cubin`` and ``meta.json``; it counts only once its ``.committed`` marker exists. A
+build happens in ``<first root>/tmp/<random>/`` and is published by renaming that whole folder into place
+after the marker is written and synced: a reader sees no entry or a complete one, and a build killed
+midway leaves only its private folder under ``tmp/``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+COMMITTED = ".committed"
+_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+def cache_roots(environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """The roots DeepGEMM reads, the writable one first."""
+    value = environ.get("DG_JIT_CACHE_DIR", environ.get("DJ_JIT_CACHE_DIR"))
+    if value is None:
+        return [Path(environ.get("HOME", "~")).expanduser() / ".dj"]
+    roots = value.split(":")
+    if any(not root for root in roots):
+        raise ValueError(f"DG_JIT_CACHE_DIR holds an empty path: {value!r}")
+    return [Path(root) for root in roots]
+
+
+def entry_name(kernel_name: str, key: str) -> str:
+    if not _NAME.fullmatch(kernel_name):
+        raise ValueError(f"a DeepGEMM kernel name has letters, digits and underscores only: {kernel_name!r}")
+    return f"{kernel_name}.{key}"
+
+
+def find(roots: list[Path], kernel_name: str, key: str) -> Path | None:
+    """The committed entry of that kernel and key in the first root that has one."""
+    name = entry_name(kernel_name, key)
+    for root in roots:
+        path = root / "cache" / name
+        if (path / COMMITTED).exists():
+            return path
+    return None
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(root: Path, kernel_name: str, key: str, build: Callable[[Path], None]) -> Path:
+    """``build(folder)`` fills a private folder under ``root/tmp``; then it is committed and renamed to its
+    entry. Another process that published the same entry first wins (its folder stays, ours goes). On any
+    error the private folder is removed and the error raised."""
+    final = root / "cache" / entry_name(kernel_name, key)
+    scratch = root / "tmp" / uuid.uuid4().hex
+    scratch.mkdir(parents=True)
+    try:
+        build(scratch)
+        marker = scratch / COMMITTED
+        marker.touch()
+        for path in (*sorted(p for p in scratch.iterdir() if p.is_file()), scratch):
+            _sync(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(scratch, final)
+        except OSError:
+            if not (final / COMMITTED).exists():
+                raise
+            shutil.rmtree(scratch, ignore_errors=True)  # published by another process meanwhile
+        _sync(final.parent)
+        return final
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise

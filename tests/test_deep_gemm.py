@@ -1,0 +1,160 @@
+"""DeepGEMM kernels rebuilt from their records without a GPU: the cache key (against DeepGEMM's own hashing
+code), its disk cache's layout and publishing, and rebuilds with nvcc for sm_90a that refuse what would
+not give the server's entry."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jit_ahead.deep_gemm import disk_cache
+from jit_ahead.deep_gemm.key import NonStandardInclude, SourceDigest, cache_key, digest, included_name
+from jit_ahead.deep_gemm.rebuild import RebuildRefused, RecordedKernel, nvcc_flags, nvcc_version, rebuild
+
+from .conftest import REPO
+
+VECTORS = json.loads((REPO / "tests" / "data" / "deep_gemm_key_vectors.json").read_text())
+NVCC = shutil.which("nvcc") or "nvcc"
+# DeepGEMM's default compiler options for an H200 (as its meta.json records them)
+OPTIONS = {"optimize_level": "3", "use_fast_math": False, "ptxas_verbose": False, "ptxas_register_usage_level": 10,
+           "check_no_spills": False, "check_no_local_memory": False, "with_line_info": False, "dump_ptx": False,
+           "dump_sass": False, "arch": "90a",
+           "nvcc_flags": ["-std=c++20", "--compiler-options=-fPIC", "--compiler-options=-fconcepts",
+                          "--expt-relaxed-constexpr", "--expt-extended-lambda",
+                          "--diag-suppress=39,161,174,177,186,940",
+                          "--compiler-options=-Wno-deprecated-declarations,-Wno-abi"],
+           "extra_nvcc_flags": [], "post_hook": None}
+HEADER = "#pragma once\nnamespace jit_ahead_test { __device__ inline int answer() { return 42; } }\n"
+SOURCE = ("#include <deep_gemm/common.cuh>\n#include <cuda_runtime.h>\n"
+          "extern \"C\" __global__ void jit_ahead_kernel(int* out) { *out = jit_ahead_test::answer(); }\n")
+
+
+def test_the_key_matches_deep_gemms_own_hashing_code_on_the_committed_vectors(tmp_path):
+    for case in VECTORS["strings"]:
+        assert digest(case["text"]) == case["digest"], case["text"][:40]
+    for name, text in VECTORS["tree"].items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(text.encode())
+    sources = SourceDigest([tmp_path])
+    for case in VECTORS["sources"]:
+        assert sources.of_source(case["text"]) == case["digest"], case["text"][:60]
+    for case in VECTORS["keys"]:
+        assert cache_key(case["signature"], case["nvcc_version"], case["flags"], case["source_digest"]) == case["key"]
+    assert len(VECTORS["keys"]) == 8 and len({case["key"] for case in VECTORS["keys"]}) == 8  # every part counts
+
+
+def test_includes_are_read_as_deep_gemms_parser_reads_them():
+    prefixes = ("deep_gemm/",)
+    assert included_name("  #  include\t<deep_gemm/a.cuh>", prefixes) == "deep_gemm/a.cuh"
+    assert included_name("#include <cute/tensor.hpp>", prefixes) is None  # not hashed: outside the prefix
+    assert included_name("// #include <deep_gemm/a.cuh>", prefixes) is None
+    with pytest.raises(NonStandardInclude):
+        included_name('#include "deep_gemm/a.cuh"', prefixes)
+    with pytest.raises(NonStandardInclude):
+        included_name("#include < deep_gemm/a.cuh>", prefixes)
+
+
+def test_cache_roots_follow_deep_gemms_variables():
+    assert disk_cache.cache_roots({"DG_JIT_CACHE_DIR": "/a:/b", "DJ_JIT_CACHE_DIR": "/c"}) == [Path("/a"), Path("/b")]
+    assert disk_cache.cache_roots({"DJ_JIT_CACHE_DIR": "/c"}) == [Path("/c")]
+    assert disk_cache.cache_roots({"HOME": "/home/u"}) == [Path("/home/u/.dj")]
+    with pytest.raises(ValueError, match="empty path"):
+        disk_cache.cache_roots({"DG_JIT_CACHE_DIR": "/a::/b"})
+    with pytest.raises(ValueError, match="letters, digits and underscores"):
+        disk_cache.entry_name("sm90-gemm", "0" * 32)
+
+
+def make_record(tmp_path: Path, version: str | None = None) -> tuple[RecordedKernel, Path]:
+    """A record as DeepGEMM leaves it in an entry of a GPU machine's cache, for a kernel including one of
+    (our stand-in) DeepGEMM's headers."""
+    include = tmp_path / "include"
+    (include / "deep_gemm").mkdir(parents=True, exist_ok=True)
+    (include / "deep_gemm" / "common.cuh").write_text(HEADER)
+    flags = nvcc_flags(OPTIONS)
+    version = version or nvcc_version(NVCC)
+    key = cache_key("cutlass-421", version, flags, SourceDigest([include]).of_source(SOURCE))
+    gpu_entry = "/root/.dj/cache/sm90_jit_ahead_test." + key
+    command = " ".join([NVCC, f"{gpu_entry}/kernel.cu", "--cubin", "--output-file", f"{gpu_entry}/kernel.cubin",
+                        *flags, "--include-path", "/usr/lib/python3/dist-packages/deep_gemm/include"])
+    meta = {"command": command,
+            "config": {"python_library_root": "/usr/lib/python3/dist-packages/deep_gemm",
+                       "extra_signature": "cutlass-421",
+                       "include_dirs": ["/usr/lib/python3/dist-packages/deep_gemm/include"]},
+            "compiler_info": {"path": NVCC, "version": version}, "compiler_options": OPTIONS}
+    return RecordedKernel("sm90_jit_ahead_test", key, SOURCE, meta), include
+
+
+def test_a_record_is_rebuilt_into_deep_gemms_cache_once(tmp_path):
+    record, include = make_record(tmp_path)
+    roots = [tmp_path / "dj", tmp_path / "read-only"]
+    entry, built = rebuild(record, roots, [include], nvcc=NVCC)
+    assert built and entry == roots[0] / "cache" / f"sm90_jit_ahead_test.{record.key}"
+    assert (entry / disk_cache.COMMITTED).exists() and (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert disk_cache.find(roots, record.name, record.key) == entry
+    assert not list((roots[0] / "tmp").iterdir())  # the private build folder became the entry
+    again = RecordedKernel.from_entry(entry)  # what was published is a record of the same kernel
+    assert (again.name, again.key, again.source) == (record.name, record.key, record.source)
+    assert rebuild(again, roots, [include], nvcc=NVCC) == (entry, False)
+
+
+def test_a_changed_header_or_nvcc_is_refused_with_one_line_and_nothing_written(tmp_path):
+    record, include = make_record(tmp_path)
+    (include / "deep_gemm" / "common.cuh").write_text(HEADER.replace("42", "43"))
+    with pytest.raises(RebuildRefused, match="key over this machine's DeepGEMM headers"):
+        rebuild(record, [tmp_path / "dj"], [include], nvcc=NVCC)
+    other, include = make_record(tmp_path / "other", version="Cuda compilation tools, release 12.9, V12.9.86\n")
+    with pytest.raises(RebuildRefused, match="not the recorded one"):
+        rebuild(other, [tmp_path / "dj"], [include], nvcc=NVCC)
+    assert not (tmp_path / "dj").exists()
+
+
+def test_an_entry_another_process_published_first_is_kept(tmp_path):
+    root = tmp_path / "dj"
+    first = disk_cache.publish(root, "k", "0" * 32, lambda folder: (folder / "kernel.cubin").write_bytes(b"first"))
+    second = disk_cache.publish(root, "k", "0" * 32, lambda folder: (folder / "kernel.cubin").write_bytes(b"second"))
+    assert first == second and (first / "kernel.cubin").read_bytes() == b"first"
+    assert not list((root / "tmp").iterdir())
+
+
+REBUILD = """
+import json, sys
+from pathlib import Path
+from jit_ahead.deep_gemm.rebuild import RecordedKernel, rebuild
+record = RecordedKernel(**json.loads(Path(sys.argv[1]).read_text()))
+rebuild(record, [Path(sys.argv[2])], [Path(sys.argv[3])], nvcc=sys.argv[4])
+"""
+
+
+def test_a_rebuild_killed_midway_leaves_no_entry_and_the_next_one_builds_it(tmp_path):
+    record, include = make_record(tmp_path)
+    (tmp_path / "record.json").write_text(json.dumps(record.to_json()))
+    root = tmp_path / "dj"
+    # nvcc as a build sees it, held at its start so that the kill lands mid-build whatever the machine's speed
+    held = tmp_path / "nvcc-held"
+    held.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {NVCC} --version\nsleep 60\nexec {NVCC} "$@"\n')
+    held.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-c", REBUILD, str(tmp_path / "record.json"), str(root), str(include),
+                             str(held)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    compiling = []
+    while not compiling and time.monotonic() < deadline and proc.poll() is None:
+        compiling = [p for p in psutil.Process(proc.pid).children(recursive=True) if "sleep" in p.name()]
+        time.sleep(0.01)
+    assert compiling, "the build never started"
+    assert list((root / "tmp").iterdir())  # its private folder, mid-build
+    for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:  # as a crash would
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    assert disk_cache.find([root], record.name, record.key) is None
+    assert not (root / "cache").exists() or not list((root / "cache").iterdir())
+    entry, built = rebuild(record, [root], [include], nvcc=NVCC)
+    assert built and (entry / disk_cache.COMMITTED).exists()
