@@ -21,8 +21,11 @@ class Frozen:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        own = [n for n, hint in cls.__dict__.get("__annotations__", {}).items()
-               if "ClassVar" not in str(hint)]
+        # the class's own annotations: in its dict, or made on access where annotations are lazy (3.14)
+        hints = cls.__dict__.get("__annotations__")
+        if hints is None:
+            hints = cls.__annotations__ if "__annotate__" in cls.__dict__ else {}
+        own = [n for n, hint in hints.items() if "ClassVar" not in str(hint)]
         cls._fields = tuple(dict.fromkeys((*cls._fields, *own)))
         cls._defaults = {**cls._defaults, **{n: cls.__dict__[n] for n in own if n in cls.__dict__}}
 

@@ -38,6 +38,7 @@ class FamilyInfo(Frozen):
 BUILTIN = (
     FamilyInfo("triton", "jit_ahead.triton.family:TritonFamily", ("triton",)),
     FamilyInfo("cute", "jit_ahead.cute.family:CuteFamily", ("cutlass",), misses_are_calls=True),
+    FamilyInfo("deep_gemm", "jit_ahead.deep_gemm.family:DeepGemmFamily", ("deep_gemm",)),
 )
 _registered: dict = {}  # name -> FamilyInfo: register() and the entry points, once read
 _entry_points_read = False

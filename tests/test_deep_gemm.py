@@ -46,7 +46,8 @@ def test_the_key_matches_deep_gemms_own_hashing_code_on_the_committed_vectors(tm
         assert sources.of_source(case["text"]) == case["digest"], case["text"][:60]
     for case in VECTORS["keys"]:
         assert cache_key(case["signature"], case["nvcc_version"], case["flags"], case["source_digest"]) == case["key"]
-    assert len(VECTORS["keys"]) == 8 and len({case["key"] for case in VECTORS["keys"]}) == 8  # every part counts
+    # the nvcc text, the flags and the source each change the key
+    assert len(VECTORS["keys"]) == 8 and len({case["key"] for case in VECTORS["keys"]}) == 8
 
 
 def test_includes_are_read_as_deep_gemms_parser_reads_them():
@@ -114,6 +115,24 @@ def test_a_changed_header_or_nvcc_is_refused_with_one_line_and_nothing_written(t
     assert not (tmp_path / "dj").exists()
 
 
+def test_a_record_whose_meta_is_not_deep_gemms_is_refused_with_one_line(tmp_path):
+    record, include = make_record(tmp_path)
+    broken = RecordedKernel(record.name, record.key, record.source, {"command": record.meta["command"]})
+    with pytest.raises(RebuildRefused, match="not DeepGEMM's"):
+        rebuild(broken, [tmp_path / "dj"], [include], nvcc=NVCC)
+
+
+def test_a_leftover_folder_without_a_marker_at_an_entrys_place_is_replaced(tmp_path):
+    record, include = make_record(tmp_path)
+    root = tmp_path / "dj"
+    leftover = root / "cache" / f"{record.name}.{record.key}"
+    leftover.mkdir(parents=True)
+    (leftover / "kernel.cu").write_text("half written")
+    entry, built = rebuild(record, [root], [include], nvcc=NVCC)
+    assert built and entry == leftover and (entry / disk_cache.COMMITTED).exists()
+    assert (entry / "kernel.cu").read_text() == record.source
+
+
 def test_an_entry_another_process_published_first_is_kept(tmp_path):
     root = tmp_path / "dj"
     first = disk_cache.publish(root, "k", "0" * 32, lambda folder: (folder / "kernel.cubin").write_bytes(b"first"))
@@ -158,3 +177,48 @@ def test_a_rebuild_killed_midway_leaves_no_entry_and_the_next_one_builds_it(tmp_
     assert not (root / "cache").exists() or not list((root / "cache").iterdir())
     entry, built = rebuild(record, [root], [include], nvcc=NVCC)
     assert built and (entry / disk_cache.COMMITTED).exists()
+
+
+def test_a_kernel_deep_gemm_compiled_is_recorded_and_rebuilt_by_a_helper_at_the_next_start(tmp_path, monkeypatch):
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.core.session import Session
+
+    record, include = make_record(tmp_path)
+    records = tmp_path / "records"
+    records.mkdir(mode=0o700)
+    monkeypatch.setenv("JIT_AHEAD_RECORD_DIR", str(records))
+    monkeypatch.setenv("JIT_AHEAD_DEEP_GEMM_INCLUDE", str(include))
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "gpu-machine"))
+    first = Session(families=("deep_gemm",), deep_gemm={"workers": 1}).start()
+    try:
+        assert first.deep_gemm.wait_replay(60)
+        # the server's DeepGEMM compiles a kernel into its cache (here by the same rebuild: no GPU)
+        rebuild(record, [tmp_path / "gpu-machine"], [include], nvcc=NVCC)
+    finally:
+        first.close()
+    # another machine (an empty DeepGEMM cache), same record folder: a helper rebuilds it before it is asked
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "second-machine"))
+    second = Session(families=("deep_gemm",), deep_gemm={"workers": 1})
+    events = []
+    second.stats.subscribe(events.append)
+    second.start()
+    try:
+        assert second.deep_gemm.wait_replay(60)
+        assert second.wait_ready(300, priority=Priority.REPLAY)
+    finally:
+        second.close()
+    assert [(e["variants"], e["queued"]) for e in events if e["event"] == "replay"] == [(1, 1)]
+    builds = [e for e in events if e["event"] == "build_finish"]
+    assert len(builds) == 1 and builds[0]["ok"] and builds[0]["helper"].startswith("helper-"), builds
+    entry = disk_cache.find([tmp_path / "second-machine"], record.name, record.key)
+    assert entry is not None and (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_where_deep_gemm_kernels_cannot_be_rebuilt_the_family_is_left_out_with_one_line(tmp_path, monkeypatch, caplog):
+    from jit_ahead.core.session import Session
+
+    monkeypatch.setenv("JIT_AHEAD_DEEP_GEMM_INCLUDE", str(tmp_path / "nowhere"))
+    session = Session(families=("deep_gemm",), skip_unavailable=True)
+    assert session.families == {}
+    lines = [r.getMessage() for r in caplog.records if "deep_gemm" in r.getMessage()]
+    assert len(lines) == 1 and "no deep_gemm/ header folder" in lines[0], lines

@@ -273,16 +273,19 @@ def test_a_closed_session_leaves_tritons_hook_slot_as_it_found_it():
         return None
 
     knobs.runtime.jit_cache_hook = theirs
+    session = Session(triton={"workers": 0}).start()
     try:
-        session = Session(triton={"workers": 0}).start()
         with capture():  # planning holds the hook too, and lets go
             k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
                                torch.empty(64, device="meta"), 64, BLOCK=64)
         assert knobs.runtime.jit_cache_hook is not theirs  # ours, chaining theirs
+        Session(triton={"workers": 0}).close()  # one never started removes nothing of the running one's
+        assert knobs.runtime.jit_cache_hook is not theirs
         session.close()
         assert knobs.runtime.jit_cache_hook is theirs
         with capture():  # a capture without a session holds it for its length only
             assert knobs.runtime.jit_cache_hook is not theirs
         assert knobs.runtime.jit_cache_hook is theirs
     finally:
+        session.close()
         knobs.runtime.jit_cache_hook = None

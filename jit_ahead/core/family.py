@@ -121,6 +121,7 @@ class FamilyBase(ABC):
         self._records_lock = threading.Lock()
         self._unrecorded: list[tuple[str, Any]] | None = None
         self._replay_thread: threading.Thread | None = None
+        self._hooked = False  # its hooks went in: a family closed without a start removes nobody's
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -132,9 +133,12 @@ class FamilyBase(ABC):
                                                    name=f"jit_ahead-{self.name}-replay")
             self._replay_thread.start()
         self._install_hooks()
+        self._hooked = True
 
     def close(self, grace: float = 2.0) -> None:
-        self._remove_hooks()
+        if self._hooked:
+            self._hooked = False
+            self._remove_hooks()
         if self._replay_thread is not None:
             self._replay_thread.join(timeout=grace)
         for kind in self.record_kinds:

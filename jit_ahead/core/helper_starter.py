@@ -321,9 +321,9 @@ class HelperStarter:
         finally:
             self._forkserver_lock.release()
 
-    def close(self, grace: float) -> None:
-        """The fork server goes (after ``grace`` seconds at most) and so does the spawner's thread."""
-        self.close_forkserver(grace)
+    def close_spawner(self) -> None:
+        """The thread every process of this pool was started from ends (after the pool's slots: a process
+        started later would have none to start it)."""
         self._spawner.close()
 
     def _report_preload(self, who: str, modules: tuple[str, ...], reply: PreloadDone, t0: float,

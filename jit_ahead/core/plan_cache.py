@@ -199,7 +199,7 @@ def plan_key(model, limits, providers: list, families: dict, view) -> dict:
         "torch": torch.__version__,
         "jit_ahead": [__version__, _own_sources()],
         "device": [view.name, list(view.capability), sorted(view.torch_properties.items()), view.backend,
-                   view.parts],
+                   {name: view.parts.get(name) for name in sorted(families)}],
         "families": {name: family.plan_header() for name, family in sorted(families.items())},
     }
 

@@ -80,6 +80,7 @@ class HelperPool:
         # before serving the executor mostly waits for them. Measured: docs/benchmarks.md, CPU politeness.
         self.serving_workers = workers if serving_workers is None else min(workers, serving_workers)
         self.stats = stats
+        # a family's table brings its own quarantine rule; ``quarantine_after`` makes the pool's own table
         self.table = table if table is not None else RequestTable(quarantine_after=quarantine_after)
         self.cost = BuildCost()
         self._build_timeout = build_timeout
@@ -120,20 +121,24 @@ class HelperPool:
 
     @property
     def starter(self) -> HelperStarter:
-        """What starts this pool's helpers (made, and its modules imported, on first use)."""
+        """What starts this pool's helpers (made, and its modules imported, on first use: outside the
+        pool's lock, which launches read the helpers' state under)."""
+        with self._lock:
+            if self._starter is not None:
+                return self._starter
+        from .helper_env import helper_environment
+        from .helper_starter import HelperStarter
+
+        options = self._starter_options
+        made = HelperStarter(self.family.name, self.family.builder, self.stats,
+                             env=helper_environment(os.environ, options["env_overrides"]),
+                             device_view=options["device_view"], start_mode=options["start_mode"],
+                             start_timeout=options["start_timeout"], build_timeout=self._build_timeout,
+                             closed=self._closed, serving=self._retire, python=options["python"])
         with self._lock:
             if self._starter is None:
-                from .helper_env import helper_environment
-                from .helper_starter import HelperStarter
-
-                options = self._starter_options
-                self._starter = HelperStarter(
-                    self.family.name, self.family.builder, self.stats,
-                    env=helper_environment(os.environ, options["env_overrides"]), device_view=options["device_view"],
-                    start_mode=options["start_mode"], start_timeout=options["start_timeout"],
-                    build_timeout=self._build_timeout, closed=self._closed, serving=self._retire,
-                    python=options["python"])
-                self._starter.preload(self._preloads)
+                made.preload(self._preloads)
+                self._starter = made
             return self._starter
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -152,7 +157,14 @@ class HelperPool:
         with self._lock:
             if not self._started or self._slots_started or self._closed.is_set() or not self.workers:
                 return
-        self.starter  # noqa: B018 - made (its modules imported) before any slot needs it
+        try:
+            self.starter  # noqa: B018 - made (its modules imported) before any slot needs it
+        except Exception as exc:  # a bug guard: a submit must not fail for the helpers' sake
+            with self._lock:
+                self._slots_started, self._slots_running = True, 0
+            log.error("%s: helpers cannot be started (%s: %s); misses build in place", self.family.name,
+                      type(exc).__name__, exc)
+            return
         with self._lock:  # started under the lock: close() never sees a thread it cannot join yet
             if self._slots_started or self._closed.is_set():
                 return
@@ -164,8 +176,9 @@ class HelperPool:
                     thread.start()
                 except RuntimeError as exc:  # at a thread or process limit: fewer slots, never a failed submit
                     self._slots_running -= self.workers - slot
-                    log.error("%s: %d of %d helper slots could not start (%s); misses build in place",
-                              self.family.name, self.workers - slot, self.workers, exc)
+                    log.error("%s: %d of %d helper slots could not start (%s); %s", self.family.name,
+                              self.workers - slot, self.workers, exc,
+                              f"running with {slot}" if slot else "misses build in place")
                     break
                 self._threads.append(thread)
 
@@ -178,6 +191,8 @@ class HelperPool:
         with self._lock:
             helpers = list(self._helpers.values())
             starter, threads = self._starter, list(self._threads)
+            if not self._slots_started:  # no slot will ever run: none may get a helper
+                self._slots_started, self._slots_running = True, 0
         for helper in helpers:
             helper.ask_to_exit()  # an idle helper exits at once; a busy one after its build
         deadline = time.monotonic() + grace  # one deadline for all, not ``grace`` per helper
@@ -188,9 +203,11 @@ class HelperPool:
             helper.reap()
         # before joining the slots: one may be waiting on the fork server (an import), which this ends
         if starter is not None:
-            starter.close(max(0.0, deadline - time.monotonic()))
+            starter.close_forkserver(max(0.0, deadline - time.monotonic()))
         for thread in threads:
             thread.join(timeout=grace + 1)
+        if starter is not None:  # after the slots: one may be starting a process on its thread until then
+            starter.close_spawner()
 
     def retire_when_idle(self) -> None:
         """Serving has started: helpers beyond ``serving_workers`` exit after their current build, the

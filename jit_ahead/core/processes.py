@@ -131,10 +131,13 @@ class Spawner:
         self._requests: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def run(self, start, *args, **kwargs):
         """``start(*args, **kwargs)`` on the spawner thread; its result, or its exception raised here."""
         with self._lock:
+            if self._closed:
+                raise OSError(errno.ESHUTDOWN, f"the {self._name} thread is closed")
             if self._thread is None:
                 thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 try:
@@ -163,8 +166,10 @@ class Spawner:
             done.set()
 
     def close(self) -> None:
-        """End the thread: children still running get their parent-death signal."""
+        """End the thread: children still running get their parent-death signal; ``run`` raises OSError
+        from now on."""
         with self._lock:
+            self._closed = True
             if self._thread is not None:
                 self._requests.put(None)
 

@@ -97,8 +97,6 @@ def compile_unhooked(func, *args, **kwargs):
     """``cute.compile`` as the DSL defines it: what a build itself calls."""
     import cutlass.cute as cute
 
-    from cutlass.base_dsl.compiler import CompileCallable
-
-    if CompileCallable._compile is not _compile:
+    if _original is None:  # never patched in this process
         return cute.compile(func, *args, **kwargs)
     return _original(cute.compile, func, *args, **kwargs)

@@ -70,6 +70,8 @@ def publish(root: Path, kernel_name: str, key: str, build: Callable[[Path], None
         for path in (*sorted(p for p in scratch.iterdir() if p.is_file()), scratch):
             _sync(path)
         final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists() and not (final / COMMITTED).exists():
+            shutil.rmtree(final, ignore_errors=True)  # no entry to anyone (no marker): a leftover in the way
         try:
             os.rename(scratch, final)
         except OSError:

@@ -12,6 +12,8 @@ as DeepGEMM publishes its own.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,17 @@ class RecordedKernel:
         meta = json.loads((folder / META).read_text())
         return cls(name, key, (folder / SOURCE).read_text(), meta)
 
+    # how the stats log and the coverage report name it: kernel deep_gemm.<name>
+    module = "deep_gemm"
+
+    @property
+    def qualname(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        return f"deep_gemm {self.name}.{self.key[:12]}"
+
     @property
     def nvcc_version(self) -> str:
         return self.meta["compiler_info"]["version"]
@@ -66,8 +79,10 @@ def nvcc_flags(options: dict) -> list[str]:
     def on(name: str) -> bool:
         return bool(options.get(name))
 
-    if not options.get("arch") or not options.get("optimize_level"):
-        raise RebuildRefused("the record's compiler options lack the arch or the optimization level")
+    if not options.get("arch") or options.get("optimize_level") in (None, "") \
+            or options.get("ptxas_register_usage_level") is None:
+        raise RebuildRefused("the record's compiler options lack the arch, the optimization level or the "
+                             "register usage level")
     level = options["optimize_level"]
     flags = [f"--gpu-architecture=sm_{options['arch']}", f"-O{level}", f"--compiler-options=-O{level}"]
     if on("use_fast_math"):
@@ -91,6 +106,13 @@ def nvcc_version(nvcc: str) -> str:
 def check(record: RecordedKernel, include_dirs: list[Path], nvcc: str = "nvcc") -> list[str]:
     """The flags to rebuild ``record`` with, once it is known to give the recorded entry here; raises
     RebuildRefused naming what differs."""
+    try:
+        return _check(record, include_dirs, nvcc)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise RebuildRefused(f"{record.name}: its meta.json is not DeepGEMM's ({type(exc).__name__}: {exc})") from exc
+
+
+def _check(record: RecordedKernel, include_dirs: list[Path], nvcc: str) -> list[str]:
     if record.options.get("post_hook"):
         raise RebuildRefused(f"{record.name}: built with a post hook ({record.options['post_hook']}), which a "
                              "rebuild does not run")
@@ -122,9 +144,17 @@ def rebuild(record: RecordedKernel, roots: list[Path], include_dirs: list[Path],
         command = [nvcc, str(folder / SOURCE), "--cubin", "--output-file", str(folder / CUBIN), *flags]
         for include_dir in include_dirs:
             command += ["--include-path", str(include_dir)]
-        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"nvcc failed for {record.name} (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        # its own process group: at the timeout nvcc goes with the compilers it runs (cicc, ptxas)
+        proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RuntimeError(f"nvcc spent over {timeout:.0f}s on {record.name}; killed") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {record.name} (exit {proc.returncode}):\n{stderr[-4000:]}")
         cubin = folder / CUBIN
         if not cubin.is_file() or cubin.stat().st_size == 0:
             raise RuntimeError(f"nvcc produced no cubin for {record.name}")

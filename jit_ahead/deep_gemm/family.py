@@ -1,0 +1,134 @@
+"""The DeepGEMM family: kernels DeepGEMM compiled in an earlier run are recorded, and rebuilt by CPU-only
+helpers at the next start, on this machine or another (``JIT_AHEAD_RECORD_DIR``).
+
+DeepGEMM's JIT runs inside its C++ extension, where nothing can be hooked from Python: the server's own
+compiles are seen after the fact, as new committed entries of DeepGEMM's writable cache root between the
+session's start and its close, and each becomes a record (its ``kernel.cu`` and ``meta.json``). A record is
+rebuilt only where it gives the very entry the server's DeepGEMM looks for (``rebuild.py``). Planning the
+kernels of a model ahead needs DeepGEMM's heuristics to run without a GPU (a patch; not here yet), so this
+family plans nothing: its variants come from records only.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+
+from ..core import events
+from ..core import knobs as core_knobs
+from ..core.executor import ExecutorBase
+from ..core.family import FamilyBase
+from ..core.pool import FamilySpec, HelperPool
+from ..core.priority import Priority
+from ..core.records import RecordFolder, RecordFormat, record_folder
+from ..core.table import RequestTable, Ticket
+from . import build, disk_cache
+from .rebuild import RecordedKernel
+
+log = logging.getLogger("jit_ahead.deep_gemm")
+
+FAMILY = "deep_gemm"
+SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.deep_gemm.build", workers_knob="JIT_AHEAD_DEEP_GEMM_WORKERS",
+                  preload_knob="JIT_AHEAD_DEEP_GEMM_PRELOAD")
+
+
+def key_of(record: RecordedKernel) -> str:
+    """The family's artifact key: DeepGEMM's entry name."""
+    return disk_cache.entry_name(record.name, record.key)
+
+
+def build_request(record: RecordedKernel):
+    from ..core.requests import BuildRequest
+
+    return BuildRequest(family=FAMILY, key=key_of(record), payload=record, label=record.label)
+
+
+def decode(entry: dict) -> RecordedKernel:
+    return RecordedKernel(str(entry["name"]), str(entry["key"]), str(entry["source"]), dict(entry["meta"]))
+
+
+RECORD_FORMAT = RecordFormat(family=FAMILY, header={"deep_gemm_records": 1}, key_of=key_of,
+                             encode=RecordedKernel.to_json, decode=decode)
+
+
+class DeepGemmExecutor(ExecutorBase):
+    """No launch reaches it (DeepGEMM cannot be hooked): it builds what is queued in place when the family
+    has no helpers (``wait_ready``)."""
+
+    family = FAMILY
+    build_here = staticmethod(build.build)
+    key_of = staticmethod(key_of)
+
+
+class DeepGemmFamily(FamilyBase):
+    name = FAMILY
+
+    def __init__(self, stats, *, workers: int | None = None, wait_timeout: float | None = None,
+                 preload: tuple[str, ...] | None = None) -> None:
+        build.include_dirs()  # ImportError where DeepGEMM kernels cannot be rebuilt: the family is left out
+        build.nvcc()
+        table = RequestTable()
+        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=None, env_overrides={})
+        super().__init__(stats, table, pool, DeepGemmExecutor(pool, table, stats,
+                                                              core_knobs.wait_timeout_s(wait_timeout),
+                                                              guard=core_knobs.guard_mode()))
+        self._entries_at_start: set[str] = set()
+
+    def start(self) -> None:
+        self._entries_at_start = self._committed_entries()
+        super().start()
+        log.info("deep_gemm: %d helpers, cache %s", self.pool.workers, disk_cache.cache_roots()[0])
+
+    # -- records: the server's own compiles, seen in DeepGEMM's cache --------------------------------------------
+    def _install_hooks(self) -> None:
+        """Nothing to hook: DeepGEMM compiles inside its extension."""
+
+    def _remove_hooks(self) -> None:
+        if self._replay_thread is not None:  # recording: what DeepGEMM compiled since the start
+            self._record_new_entries()
+
+    def _committed_entries(self) -> set[str]:
+        folder = disk_cache.cache_roots()[0] / "cache"
+        try:
+            return {entry.name for entry in folder.iterdir() if (entry / disk_cache.COMMITTED).exists()}
+        except OSError:
+            return set()
+
+    def _record_new_entries(self) -> None:
+        root = disk_cache.cache_roots()[0] / "cache"
+        for name in sorted(self._committed_entries() - self._entries_at_start):
+            try:
+                self._add_record("records", RecordedKernel.from_entry(root / name))
+            except (OSError, ValueError, KeyError) as exc:  # not an entry of DeepGEMM's own making
+                log.warning("deep_gemm: cache entry %s cannot be recorded (%s: %s)", name, type(exc).__name__, exc)
+
+    def _open_records(self) -> dict[str, RecordFolder | None]:
+        folder = record_folder(RECORD_FORMAT)
+        items = folder.read() if folder is not None else []
+        tickets = self.submit(items, Priority.REPLAY, source="record") if items else []
+        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
+                                      folder=str(folder.folder) if folder else None))
+        return {"records": folder}
+
+    # -- requests ---------------------------------------------------------------------------------------------------
+    def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
+        records = list(requests)
+        self.executor.note_planned(records, source)
+        roots = disk_cache.cache_roots()
+        missing = [r for r in records if disk_cache.find(roots, r.name, r.key) is None]
+        return [self.pool.submit(build_request(r), priority) for r in missing]
+
+    @contextlib.contextmanager
+    def capture(self, target=None) -> Iterator[list]:
+        """Nothing of DeepGEMM is planned by capture (its kernels come from records)."""
+        yield []
+
+    # -- saved plans: entries are records ---------------------------------------------------------------------------
+    def plan_header(self) -> dict:
+        return dict(RECORD_FORMAT.header)
+
+    def plan_encode(self, request: RecordedKernel) -> dict:
+        return request.to_json()
+
+    def plan_decode(self, entry: dict) -> RecordedKernel:
+        return decode(entry)
