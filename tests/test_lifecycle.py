@@ -267,7 +267,10 @@ def test_with_no_helpers_wait_ready_builds_what_is_queued_in_place_instead_of_wa
 
 
 def test_a_closed_session_leaves_tritons_hook_slot_as_it_found_it():
+    import triton.runtime.jit as triton_jit
     from triton import knobs
+
+    serializer = triton_jit.serialize_specialization_data  # wrapped with the hook on Triton 3.6
 
     def theirs(**kwargs):  # another tool's hook, there before jit_ahead started
         return None
@@ -282,10 +285,25 @@ def test_a_closed_session_leaves_tritons_hook_slot_as_it_found_it():
         Session(triton={"workers": 0}).close()  # one never started removes nothing of the running one's
         assert knobs.runtime.jit_cache_hook is not theirs
         session.close()
-        assert knobs.runtime.jit_cache_hook is theirs
+        assert knobs.runtime.jit_cache_hook is theirs and triton_jit.serialize_specialization_data is serializer
         with capture():  # a capture without a session holds it for its length only
             assert knobs.runtime.jit_cache_hook is not theirs
         assert knobs.runtime.jit_cache_hook is theirs
     finally:
         session.close()
         knobs.runtime.jit_cache_hook = None
+
+
+def test_a_closed_session_gives_torch_back_its_own_meta_kernel():
+    # planning answers host reads of meta tensors by replacing torch's meta kernel of _local_scalar_dense
+    from jit_ahead.providers import meta
+
+    session = Session(triton={"workers": 0}).start()
+    try:
+        with meta.meta_reads_answered(3):
+            assert torch.empty((), device="meta", dtype=torch.int64).item() == 3
+    finally:
+        session.close()
+    assert meta._reads_library is None
+    with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):
+        torch.empty((), device="meta", dtype=torch.int64).item()

@@ -212,6 +212,9 @@ class Session:
             run.cancel(timeout=1.0)
         for family in self.families.values():
             family.close(grace)
+        meta = sys.modules.get("jit_ahead.providers.meta")  # imported only by a session that planned
+        if meta is not None:
+            meta.release_meta_reads()  # torch's own meta kernel again: nothing of planning stays in torch
         summary = self.summary()
         self.stats.emit(events.Summary(summary))
         line = "jit_ahead: " + ", ".join(f"{k} {v}" for k, v in summary.items())

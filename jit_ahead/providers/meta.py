@@ -380,6 +380,16 @@ def _replace_meta_scalar_kernel():
     return library
 
 
+def release_meta_reads() -> None:
+    """Give torch back its own meta kernel of ``_local_scalar_dense`` (the session's close); the next
+    ``meta_reads_answered`` replaces it again."""
+    global _reads_library
+    with _reads_lock:
+        library, _reads_library = _reads_library, None
+    if library:
+        library._destroy()
+
+
 @contextlib.contextmanager
 def meta_reads_answered(value: int = 1) -> Iterator[None]:
     """As ``MetaScalars``, for whole-model forwards: host reads of meta tensors in this thread read as

@@ -36,3 +36,10 @@ def patch_specialization_serializer() -> None:
 
     tolerant._jit_ahead_tolerant = True
     triton_jit.serialize_specialization_data = tolerant
+
+
+def restore_specialization_serializer() -> None:
+    """Undo ``patch_specialization_serializer`` (with the hook it serves)."""
+    current = triton_jit.serialize_specialization_data
+    if getattr(current, "_jit_ahead_tolerant", False):
+        triton_jit.serialize_specialization_data = current.__wrapped__

@@ -43,6 +43,7 @@ def _take_out_of_slot() -> None:
     if knobs.runtime.jit_cache_hook is jit_cache_hook:
         knobs.runtime.jit_cache_hook = _previous
         _previous = None
+        compat.restore_specialization_serializer()
 
 
 _patch: SharedPatch[MissHandler] = SharedPatch(_put_in_slot, _take_out_of_slot)
