@@ -57,8 +57,8 @@ class HelperPool:
     ``workers=0`` starts no helpers: requests stay queued and every miss builds in place. The slots'
     threads start with the first request queued after ``start()``, helpers when a slot takes work. How
     helpers are started (``start_mode``: forked from a fork server, or spawned) is the ``HelperStarter``'s;
-    how long builds take, and whether a launch waits for a helper, the ``BuildCost``'s. ``table``: the family's
-    (its executor claims from the same one); a table of the pool's own when none is given.
+    how long builds take, and whether a launch waits for a helper, the ``BuildCost``'s. ``table``: the
+    family's (its executor claims from the same one); a table of the pool's own when none is given.
     """
 
     def __init__(self, family: FamilySpec, *, workers: int, stats: Stats, table: RequestTable | None = None,

@@ -43,8 +43,3 @@ class SharedPatch(Generic[H]):
             if self._holders == 0:
                 self.handler = None
                 self._restore()
-
-    @property
-    def held(self) -> bool:
-        with self._lock:
-            return self._holders > 0

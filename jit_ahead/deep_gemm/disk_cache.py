@@ -38,6 +38,14 @@ def entry_name(kernel_name: str, key: str) -> str:
     return f"{kernel_name}.{key}"
 
 
+def committed_entries(root: Path) -> set[str]:
+    """The names of the committed entries under ``root`` (none when it has no cache folder)."""
+    try:
+        return {entry.name for entry in (root / "cache").iterdir() if (entry / COMMITTED).exists()}
+    except OSError:
+        return set()
+
+
 def find(roots: list[Path], kernel_name: str, key: str) -> Path | None:
     """The committed entry of that kernel and key in the first root that has one."""
     name = entry_name(kernel_name, key)

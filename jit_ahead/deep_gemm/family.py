@@ -75,7 +75,7 @@ class DeepGemmFamily(FamilyBase):
         self._entries_at_start: set[str] = set()
 
     def start(self) -> None:
-        self._entries_at_start = self._committed_entries()
+        self._entries_at_start = disk_cache.committed_entries(disk_cache.cache_roots()[0])
         super().start()
         log.info("deep_gemm: %d helpers, cache %s", self.pool.workers, disk_cache.cache_roots()[0])
 
@@ -87,18 +87,11 @@ class DeepGemmFamily(FamilyBase):
         if self._replay_thread is not None:  # recording: what DeepGEMM compiled since the start
             self._record_new_entries()
 
-    def _committed_entries(self) -> set[str]:
-        folder = disk_cache.cache_roots()[0] / "cache"
-        try:
-            return {entry.name for entry in folder.iterdir() if (entry / disk_cache.COMMITTED).exists()}
-        except OSError:
-            return set()
-
     def _record_new_entries(self) -> None:
-        root = disk_cache.cache_roots()[0] / "cache"
-        for name in sorted(self._committed_entries() - self._entries_at_start):
+        root = disk_cache.cache_roots()[0]
+        for name in sorted(disk_cache.committed_entries(root) - self._entries_at_start):
             try:
-                self._add_record("records", RecordedKernel.from_entry(root / name))
+                self._add_record("records", RecordedKernel.from_entry(root / "cache" / name))
             except (OSError, ValueError, KeyError) as exc:  # not an entry of DeepGEMM's own making
                 log.warning("deep_gemm: cache entry %s cannot be recorded (%s: %s)", name, type(exc).__name__, exc)
 

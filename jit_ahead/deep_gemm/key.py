@@ -43,11 +43,6 @@ class Hash128:
         self._state = [lane_0, lane_1]
         return self
 
-    def copy(self) -> "Hash128":
-        other = Hash128()
-        other._state = list(self._state)
-        return other
-
     def hexdigest(self) -> str:
         return "".join(f"{_mix(lane):016x}" for lane in self._state)
 
