@@ -307,3 +307,72 @@ def test_a_closed_session_gives_torch_back_its_own_meta_kernel():
     assert meta._reads_library is None
     with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):
         torch.empty((), device="meta", dtype=torch.int64).item()
+
+
+def test_a_hook_put_over_ours_that_chains_ours_neither_loops_nor_loses_ours_in_the_next_session():
+    # Another tool put its hook over ours and calls ours from it. Our session closes (the slot stays
+    # theirs) and a new one starts: it used to put ours over theirs again, chained to theirs, which calls
+    # ours, which calls theirs... every miss ended in a RecursionError.
+    from triton import knobs
+
+    session = Session(triton={"workers": 0}).start()
+    theirs_saw = []
+    try:
+        below = knobs.runtime.jit_cache_hook  # ours
+
+        def theirs(**kwargs):
+            theirs_saw.append(kwargs["fn"].name)
+            return below(**kwargs)
+
+        knobs.runtime.jit_cache_hook = theirs
+        session.close()
+        assert knobs.runtime.jit_cache_hook is theirs
+        session = Session(triton={"workers": 0}).start()
+        misses = session.stats.count("executor_miss")
+        k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                           torch.empty(64, device="meta"), 64, BLOCK=64)
+        assert theirs_saw == ["add_kernel"]
+        assert session.stats.count("executor_miss") == misses + 1  # ours, below theirs, saw the miss
+        with capture() as plan:  # and planning through theirs still captures
+            k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                               torch.empty(64, device="meta"), 64, BLOCK=32)
+        assert len(plan.requests) == 1
+    finally:
+        session.close()
+        knobs.runtime.jit_cache_hook = None
+
+
+STAND_IN_OUTLIVES_NO_SESSION = """
+import torch, triton
+from jit_ahead.core.session import Session
+from jit_ahead.triton import capture
+from tests.kernels import basic as k
+
+assert triton.runtime.driver._active is None and not torch.cuda.is_available()
+queries = {name: getattr(torch.cuda, name) for name in ("get_device_name", "get_device_capability",
+                                                          "get_device_properties", "device_count")}
+session = Session(triton={"workers": 0}).start()
+with capture() as plan:  # planning on a machine without a GPU: the stand-in shows an sm_90 GPU meanwhile
+    assert torch.cuda.get_device_name() == "NVIDIA H200"
+    k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                       torch.empty(64, device="meta"), 64, BLOCK=64)
+assert len(plan.requests) == 1
+session.close()
+print("driver after", type(triton.runtime.driver._active).__name__)
+print("torch after", all(getattr(torch.cuda, name) is query for name, query in queries.items()))
+"""
+
+
+def test_a_closed_session_leaves_no_stand_in_gpu_on_a_machine_without_one(tmp_path):
+    # The stand-in Triton driver and torch's device answers that planning installs where there is no GPU
+    # stayed for the life of the process: after the session, the process still "had" an H200.
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    done = subprocess.run([sys.executable, "-c", STAND_IN_OUTLIVES_NO_SESSION], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ,
+                                                       "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["driver after NoneType", "torch after True"]

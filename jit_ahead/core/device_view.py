@@ -86,33 +86,54 @@ class DeviceView:
         return cls(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
                    torch_properties, backend, parts, torch.cuda.device_count())
 
-    def install_torch(self, force: bool = False) -> None:
+    def install_torch(self, force: bool = False) -> dict:
         """Make torch's device queries answer with this view: only where torch has no GPU of its own, or
         with ``force`` in a process forked from the server, which must not touch the GPU the server holds
-        (CUDA cannot be used again in a fork)."""
+        (CUDA cannot be used again in a fork). Returns what it replaced, for :func:`put_back`."""
         import torch
 
         if torch.cuda.is_available() and not force:
-            return
+            return {}
         props = types.SimpleNamespace(**self.torch_properties)
-        cuda = torch.cuda
-        cuda.get_device_name = lambda device=None: self.name
-        cuda.get_device_capability = lambda device=None: tuple(self.capability)
-        cuda.get_device_properties = lambda device=None: props
-        cuda.device_count = lambda: self.device_count
+        answers = {"get_device_name": lambda device=None: self.name,
+                   "get_device_capability": lambda device=None: tuple(self.capability),
+                   "get_device_properties": lambda device=None: props,
+                   "device_count": lambda: self.device_count}
         if force:
-            cuda.is_available = lambda: True
-            cuda.current_device = lambda: 0
+            answers.update(is_available=lambda: True, current_device=lambda: 0)
+        replaced = {name: getattr(torch.cuda, name) for name in answers}
+        for name, answer in answers.items():
+            setattr(torch.cuda, name, answer)
+        return replaced
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`install` replaced: the view installed before and torch's own device queries."""
+    view: DeviceView | None
+    torch_queries: dict
 
 
 _installed: DeviceView | None = None
 _pinned: DeviceView | None = None
 
 
-def install(view: DeviceView) -> None:
+def install(view: DeviceView) -> Installed:
+    """Show this process ``view`` (torch's device queries, where torch has no GPU). :func:`put_back` with
+    the result undoes it."""
     global _installed
-    view.install_torch()
+    before = Installed(_installed, view.install_torch())
     _installed = view
+    return before
+
+
+def put_back(before: Installed) -> None:
+    global _installed
+    import torch
+
+    for name, query in before.torch_queries.items():
+        setattr(torch.cuda, name, query)
+    _installed = before.view
 
 
 def pin(view: DeviceView) -> None:

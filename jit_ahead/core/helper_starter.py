@@ -15,6 +15,7 @@ from .device_view import DeviceView, ViewOnDemand
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import start_helper_process
 from .helper_process import HelperProcess, Stint
+from .preload_list import PreloadList
 from .processes import Spawner
 from .protocol import Configure, Preload, PreloadDone, ProtocolError, Ready
 from .stats import Stats
@@ -38,7 +39,8 @@ class HelperStarter:
     def __init__(self, family_name: str, builder: str, stats: Stats, *, env: dict[str, str],
                  device_view: DeviceView | ViewOnDemand | None, start_mode: str, start_timeout: float,
                  build_timeout: float, closed: threading.Event, serving: threading.Event,
-                 python: str = sys.executable, max_forkserver_deaths: int = 3) -> None:
+                 python: str = sys.executable, max_forkserver_deaths: int = 3,
+                 preloads: PreloadList | None = None) -> None:
         self._family = family_name
         self._builder = builder
         self._stats = stats
@@ -50,7 +52,7 @@ class HelperStarter:
         self._closed = closed
         self._serving = serving
         self._lock = threading.Lock()
-        self._preload: list[str] = []
+        self._preload = preloads if preloads is not None else PreloadList()
         self._bad_preloads: set[str] = set()
         self._forking = start_mode in ("server", "fork") and hasattr(os, "fork")
         self._fork_from_server = start_mode == "server"  # off after serving starts, or if it failed
@@ -62,18 +64,6 @@ class HelperStarter:
         self._spawner = Spawner(f"jit_ahead-{family_name}-spawner")  # starts every process of this pool
 
     # -- the preload list -------------------------------------------------------------------------------
-    def preload(self, modules) -> None:
-        """Have every helper, present and future, import these modules before its next build."""
-        with self._lock:
-            for name in modules:
-                if name not in self._preload:
-                    self._preload.append(name)
-
-    @property
-    def preloads(self) -> tuple[str, ...]:
-        with self._lock:
-            return tuple(self._preload)
-
     def missing_modules(self, helper: HelperProcess, modules) -> set[str]:
         """Of ``modules``, those the helper has not imported and that may still be preloaded."""
         with self._lock:
@@ -83,10 +73,11 @@ class HelperStarter:
         """Bring the helper's imports up to the preload list. A forked helper is replaced by a fresh fork
         once the fork server has imported the new modules (REFRESH); a spawned one imports them itself.
         DIED if it died importing them; None when it is up to date."""
+        names = self._preload.names()
         with self._lock:
-            new = tuple(m for m in self._preload[helper.sent_preload:] if m not in self._bad_preloads)
+            new = tuple(m for m in names[helper.sent_preload:] if m not in self._bad_preloads)
             if not helper.forked:
-                helper.sent_preload = len(self._preload)
+                helper.sent_preload = len(names)
         if not new:
             return None
         if helper.forked:
@@ -160,8 +151,9 @@ class HelperStarter:
             proc, to_helper, from_helper = server.fork(name)
             helper = HelperProcess(name, proc, to_helper, from_helper, forked=True,
                                    sent_preload=self._forkserver_preloaded)
+            names = self._preload.names()
             with self._lock:
-                helper.modules = set(self._preload[:self._forkserver_preloaded]) - self._bad_preloads
+                helper.modules = set(names[:self._forkserver_preloaded]) - self._bad_preloads
         return self._handshake(helper, t0, self._start_timeout)
 
     def _handshake(self, helper: HelperProcess, t0: float, timeout: float | None) -> HelperProcess | None:
@@ -218,9 +210,10 @@ class HelperStarter:
             if not keep:  # closed while it started
                 server.close(0.0)
                 raise ForkServerGone("is not needed any more: the pool is closing or retired")
+        names = self._preload.names()
         with self._lock:
-            upto = len(self._preload)
-            new = tuple(m for m in self._preload[self._forkserver_preloaded:upto] if m not in self._bad_preloads)
+            upto = len(names)
+            new = tuple(m for m in names[self._forkserver_preloaded:upto] if m not in self._bad_preloads)
         if new:
             t0 = time.perf_counter()
             failed: dict[str, str] = {}

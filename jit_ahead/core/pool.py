@@ -22,6 +22,7 @@ from . import events
 from .build_cost import BuildCost, HelperLoad
 from .device_view import DeviceView, ViewOnDemand
 from .knobs import checked_process_count, checked_seconds
+from .preload_list import PreloadList
 from .priority import Priority
 from .requests import BuildRequest
 from .stats import Stats
@@ -95,7 +96,7 @@ class HelperPool:
         self._starter_options = dict(env_overrides=env_overrides or {}, device_view=device_view,
                                      start_mode=start_mode, start_timeout=start_timeout, python=python)
         self._starter: HelperStarter | None = None
-        self._preloads: list[str] = []  # until the starter exists, which keeps them from then on
+        self._preloads = PreloadList()  # shared with the starter once it exists
         self._threads: list[threading.Thread] = []
         self._slots_started = False
         self._helpers: dict[int, HelperProcess] = {}
@@ -134,10 +135,10 @@ class HelperPool:
                              env=helper_environment(os.environ, options["env_overrides"]),
                              device_view=options["device_view"], start_mode=options["start_mode"],
                              start_timeout=options["start_timeout"], build_timeout=self._build_timeout,
-                             closed=self._closed, serving=self._retire, python=options["python"])
+                             closed=self._closed, serving=self._retire, python=options["python"],
+                             preloads=self._preloads)
         with self._lock:
             if self._starter is None:
-                made.preload(self._preloads)
                 self._starter = made
             return self._starter
 
@@ -248,20 +249,11 @@ class HelperPool:
 
     def preload(self, modules) -> None:
         """Have every helper, present and future, import these modules before its next build."""
-        with self._lock:
-            starter = self._starter
-            if starter is None:
-                self._preloads.extend(m for m in modules if m not in self._preloads)
-                return
-        starter.preload(modules)
+        self._preloads.add(modules)
 
     @property
     def preloads(self) -> tuple[str, ...]:
-        with self._lock:
-            starter = self._starter
-            if starter is None:
-                return tuple(self._preloads)
-        return starter.preloads
+        return self._preloads.names()
 
     # -- the helpers' state, as launches and the session see it ---------------------------------------------
     def live_helpers(self) -> int:

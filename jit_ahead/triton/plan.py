@@ -32,7 +32,8 @@ from . import autotune, hook, tuning
 from .call import cache_invalidating_env, request_from_hook
 from .request import TritonCompileRequest
 from .compile_inputs import on_disk
-from .standin import ensure_driver
+from . import standin
+from .standin import driver_for
 
 
 class _Recorded:
@@ -334,6 +335,7 @@ def reset_after_fork() -> None:
     _patch_users = 0
     _patched_driver = None
     Autotuner.run = _original_autotuner_run
+    standin.reset_after_fork()
 
 
 @contextlib.contextmanager
@@ -363,21 +365,21 @@ def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
     While any capture is active, the driver's device and stream queries go through a ContextVar check
     (well under a microsecond per launch): launches outside capturing contexts are otherwise untouched.
     """
-    target = ensure_driver(target)
-    plan = Capture(target)
-    t0 = time.perf_counter()
-    hook.install()
-    try:
-        with _capture_patches():
-            token = hook.capturing.set(plan)
-            try:
-                yield plan
-            finally:
-                hook.capturing.reset(token)
-                plan.release()
-                plan.seconds += time.perf_counter() - t0
-    finally:
-        hook.release()
+    with driver_for(target) as target:
+        plan = Capture(target)
+        t0 = time.perf_counter()
+        hook.install()
+        try:
+            with _capture_patches():
+                token = hook.capturing.set(plan)
+                try:
+                    yield plan
+                finally:
+                    hook.capturing.reset(token)
+                    plan.release()
+                    plan.seconds += time.perf_counter() - t0
+        finally:
+            hook.release()
 
 
 def plan_launch(kernel, *args, grid=(1,), **kwargs) -> list[TritonCompileRequest]:

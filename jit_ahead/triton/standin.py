@@ -8,8 +8,11 @@ code runs unchanged on meta tensors: planning captures its compile requests, and
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -17,6 +20,7 @@ from triton.backends.driver import DriverBase
 
 from ..core import device_view
 from ..core.device_view import DeviceView
+from ..core.processes import fork_safe_lock
 from .device import properties_of, target_of, view_for_target
 
 log = logging.getLogger("jit_ahead.triton")
@@ -130,26 +134,88 @@ def real_driver_available() -> bool:
         return False
 
 
-def install_stand_in(view: DeviceView) -> None:
-    """Show this process ``view``'s GPU: torch's device queries and a stand-in Triton driver."""
-    device_view.install(view)
-    triton.runtime.driver.set_active(StandInDriver(GPUTarget(*target_of(view)), properties_of(view)))
+def install_stand_in(view: DeviceView) -> "_Replaced":
+    """Show this process ``view``'s GPU: torch's device queries and a stand-in Triton driver. Returns what
+    it replaced; :func:`_put_back` undoes it."""
+    driver = triton.runtime.driver
+    replaced = _Replaced(driver._active, device_view.install(view))
+    driver.set_active(StandInDriver(GPUTarget(*target_of(view)), properties_of(view)))
+    return replaced
+
+
+@dataclass(frozen=True)
+class _Replaced:
+    driver: DriverBase | None  # Triton's active driver before (None: not created yet)
+    device: device_view.Installed
+
+
+def _put_back(replaced: _Replaced) -> None:
+    triton.runtime.driver._active = replaced.driver  # set_active cannot say "none yet"
+    device_view.put_back(replaced.device)
+
+
+def _stand_in_for(wanted: GPUTarget) -> _Replaced | None:
+    """Install the stand-in for ``wanted`` unless it is the active one; returns what was replaced, if
+    anything."""
+    current = triton.runtime.driver._active
+    if isinstance(current, StandInDriver) and current.target == wanted:
+        return None
+    view = device_view.installed()
+    if view is None or GPUTarget(*target_of(view)) != wanted:
+        view = view_for_target(wanted)
+    log.info("no GPU driver: jit_ahead's stand-in driver shows %s (%s)", view.name, wanted)
+    return install_stand_in(view)
 
 
 def ensure_driver(target: GPUTarget | None = None) -> GPUTarget:
-    """Use the real driver when a GPU is there; otherwise install the stand-in for ``target``.
+    """Use the real driver when a GPU is there; otherwise install the stand-in for ``target`` for the rest
+    of the process (a CLI run, a test session, a script). Sessions use :func:`driver_for` instead, which
+    puts things back.
 
     Call it before importing kernel libraries that read the device at import (flash-linear-attention).
     """
-    driver = triton.runtime.driver
     if real_driver_available():
-        return driver.active.get_current_target()
+        return triton.runtime.driver.active.get_current_target()
     wanted = target or default_target()
-    current = driver._active
-    if not isinstance(current, StandInDriver) or current.target != wanted:
-        view = device_view.installed()
-        if view is None or GPUTarget(*target_of(view)) != wanted:
-            view = view_for_target(wanted)
-        install_stand_in(view)
-        log.info("no GPU driver: jit_ahead's stand-in driver shows %s (%s)", view.name, wanted)
+    _stand_in_for(wanted)
     return wanted
+
+
+_hold_lock = fork_safe_lock()
+_holders = 0
+_before_hold: list[_Replaced] = []  # what the holds replaced, oldest first
+
+
+@contextlib.contextmanager
+def driver_for(target: GPUTarget | None = None) -> Iterator[GPUTarget]:
+    """The target launches compile for inside the context: the real driver's where a GPU is there;
+    otherwise the stand-in's for ``target``, installed while any such context is open. The last to leave
+    puts back Triton's driver and torch's device queries as they were before the first, so a closed
+    session leaves no stand-in behind (nor one a process installed for itself with :func:`ensure_driver`
+    taken away)."""
+    global _holders
+    if real_driver_available():
+        yield triton.runtime.driver.active.get_current_target()
+        return
+    wanted = target or default_target()
+    with _hold_lock:
+        _holders += 1
+        replaced = _stand_in_for(wanted)
+        if replaced is not None:
+            _before_hold.append(replaced)
+    try:
+        yield wanted
+    finally:
+        with _hold_lock:
+            _holders -= 1
+            if _holders == 0:
+                while _before_hold:
+                    _put_back(_before_hold.pop())
+
+
+def reset_after_fork() -> None:
+    """In a planner forked from the server while one of its threads held the stand-in: that thread does
+    not exist here, and the planner keeps its own stand-in for its life."""
+    global _holders
+    _holders = 0
+    _before_hold.clear()
