@@ -12,7 +12,11 @@ def __getattr__(name: str):
         from .core.priority import Priority
 
         return Priority
-    if name in ("Session", "current", "start", "stop"):
+    if name in ("current", "start"):  # a JIT_AHEAD=1 session put off until the first compile starts then
+        from . import autostart
+
+        return getattr(autostart, name)
+    if name in ("Session", "stop"):
         from .core import session
 
         return getattr(session, name)

@@ -1,15 +1,19 @@
 """``JIT_AHEAD=1`` in any process: the start-up hook (``jit_ahead.pth``, run by Python's ``site``).
 
 The ``.pth`` line only reads the variable; when it is set, ``install()`` adds an import watcher and
-returns: nothing else is imported but the family registry. The session starts right after the process
-imports the DSL of one of the families ``JIT_AHEAD_FAMILIES`` names (default ``triton``; ``cute``:
-``cutlass``; a package's family: the modules its ``FamilyInfo`` names), so a process that never uses them
-never pays for jit_ahead (and never starts helpers).
+returns: nothing else is imported but the family registry. The session comes after the process imports
+the DSL of one of the families ``JIT_AHEAD_FAMILIES`` names (default ``triton``; ``cute``: ``cutlass``; a
+package's family: the modules its ``FamilyInfo`` names), so a process that never uses them never pays for
+jit_ahead (and never starts helpers). Where nothing needs the session before the DSL first compiles (no
+record folder to replay, and every family can tell its first compile: ``FamilyInfo.first_use``), it
+starts at that first compile, or when something asks for it (``jit_ahead.current()``, a model to plan);
+a process that imports Triton and compiles nothing pays only for the line that says jit_ahead is on.
+Otherwise it starts right after the import.
 
 Warmup and serving, without an engine calling the lifecycle API: serving is taken to start
-``JIT_AHEAD_WARMUP_S`` seconds (default 300) after the session started; ``0`` never switches by time.
-An engine (or a script) overrides the rule by calling ``jit_ahead.current().mark_serving()`` itself,
-which also cancels the timer.
+``JIT_AHEAD_WARMUP_S`` seconds (default 300) after that line; ``0`` never switches by time. An engine (or
+a script) overrides the rule by calling ``jit_ahead.current().mark_serving()`` itself, which also cancels
+the timer.
 
 Models: once ``transformers.modeling_utils`` is imported, models returned by ``from_pretrained`` and
 ``from_config`` are planned within the ``JIT_AHEAD_MAX_*`` limits (``engines/transformers.py``;
@@ -66,9 +70,9 @@ def install() -> None:
 
         names = registry.triggers(registry.requested(os.environ)) or registry.triggers(["triton"])
         if any(name in sys.modules for name in names):
-            start_session()
+            _after_trigger()
         else:
-            sys.meta_path.insert(0, _AfterImport(names, start_session))
+            sys.meta_path.insert(0, _AfterImport(names, _after_trigger))
         # transformers models are planned as from_pretrained/from_config return them (engines/transformers.py)
         if os.environ.get("JIT_AHEAD_PLAN_MODELS", "on").strip().lower() != "off":
             if "transformers.modeling_utils" in sys.modules:
@@ -89,10 +93,137 @@ def _hook_transformers() -> None:
         sys.stderr.write(f"jit_ahead: transformers models will not be planned ({type(exc).__name__}: {exc})\n")
 
 
-def start_session():
-    """The session of the ``JIT_AHEAD=1`` path, started now if it was not yet; None if it cannot start."""
+class _Deferred:
+    """A session put off until the DSL's first compile: how to undo each family's arrangement, and the
+    serving timer, which runs from the line that said jit_ahead is on."""
+
+    def __init__(self) -> None:
+        self.disarms: list = []
+        self.timer = None
+
+
+_deferred: _Deferred | None = None
+
+
+def _after_trigger() -> None:
+    """A trigger module was imported: start the session now, or at the first compile."""
+    try:
+        from . import registry
+
+        infos = [info for info in map(registry.family_info, registry.requested(os.environ)) if info is not None]
+        if not infos or os.environ.get("JIT_AHEAD_RECORD_DIR", "").strip() or not all(i.first_use for i in infos):
+            start_session()  # records to replay as soon as possible, or a family that cannot wait
+        else:
+            _defer(infos)
+    except Exception as exc:
+        sys.stderr.write(f"jit_ahead: could not put off the session ({type(exc).__name__}: {exc}); starting it now\n")
+        start_session()
+
+
+def _defer(infos) -> None:
+    global _deferred
+    import atexit
     import threading
 
+    from .core import knobs
+    from .core.say import say
+    from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
+    from .registry import workers_knob
+
+    deferred = _Deferred()
+    _deferred = deferred
+    for info in infos:
+        disarm = info.arm_first_use(start_session)
+        if disarm is None:  # this family cannot wait after all
+            start_session()
+            return
+        deferred.disarms.append(disarm)
+    warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
+    if warmup_s > 0:
+        deferred.timer = threading.Timer(warmup_s, _serving_by_time_deferred, args=(warmup_s,))
+        deferred.timer.daemon = True
+        deferred.timer.start()
+    families = []
+    for info in infos:
+        workers = knobs.worker_count(workers_knob(info.name), quiet=True)  # said when the pool reads it
+        families.append(f"{info.name} with " + (f"{workers} helper{'s' if workers != 1 else ''}" if workers
+                                                 else "no helpers (misses build in place)"))
+    stats = stats_log_path(os.environ.get(STATS_KNOB))
+    say(f"jit_ahead on (JIT_AHEAD=1): {', '.join(families)}, from the first compile; serving is assumed "
+        + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
+        + (f"; stats log {stats.absolute()}" if stats is not None else ""))
+    atexit.register(_summary_if_never_started)
+
+
+def _summary_if_never_started() -> None:
+    """At exit, in a process that never compiled: the summary line (and the stats log's one event)."""
+    session = sys.modules.get("jit_ahead.core.session")
+    if _deferred is None or (session is not None and session.current() is not None):
+        return  # started (by a compile, or by an engine's own jit_ahead.start()): its summary is said
+    try:
+        from .core import events
+        from .core.say import say
+        from .core.stats import Stats
+        from .core.stats_log import open_stats_log
+
+        counts = {"planned": 0, "session": "not started (no compile in this process)"}
+        stats = Stats()
+        sink = open_stats_log(stats)
+        if sink is not None:
+            stats.emit(events.Summary(counts))
+            sink.close()
+            counts["stats log"] = str(sink.path)
+        say("jit_ahead: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    except Exception as exc:  # exit must not fail for a summary
+        sys.stderr.write(f"jit_ahead: no summary ({type(exc).__name__}: {exc})\n")
+
+
+def current():
+    """The process's session. One put off until the first compile starts now: whoever asks for it is about
+    to use it (an engine marking serving, planning a model)."""
+    if _deferred is not None:
+        return start_session()
+    from .core.session import current as session_current
+
+    return session_current()
+
+
+def _start_lock():
+    global _lock
+    if _lock is None:  # made on first use: threading is not imported at the start-up hook's time
+        import threading
+
+        _lock = threading.RLock()
+    return _lock
+
+
+_lock = None
+
+
+def start(families=("triton",), **options):
+    """``jit_ahead.start()``: the process's session (``core.session.start``); in a ``JIT_AHEAD=1`` process
+    whose session was put off until the first compile, that session, started now."""
+    if _deferred is not None:
+        start_session()
+    from .core.session import start as session_start
+
+    return session_start(families, **options)
+
+
+def start_session():
+    """The session of the ``JIT_AHEAD=1`` path, started now if it was not yet; None if it cannot start."""
+    with _start_lock():
+        return _start_session()
+
+
+def _start_session():
+    global _deferred
+    import threading
+
+    deferred, _deferred = _deferred, None
+    if deferred is not None:
+        for disarm in deferred.disarms:
+            disarm()
     try:
         from .core import knobs
         from .core.session import current, say, start
@@ -100,6 +231,10 @@ def start_session():
         if current() is not None:
             return current()
         session = start(knobs.families(), skip_unavailable=True, announce=True)
+        if deferred is not None:  # the line was said and the timer runs since the trigger import
+            if deferred.timer is not None:
+                session.add_serving_listener(deferred.timer.cancel)
+            return session
         warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
             timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))
@@ -113,6 +248,12 @@ def start_session():
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")
         return None
+
+
+def _serving_by_time_deferred(warmup_s: float) -> None:
+    session = start_session()  # no compile yet: the session starts so that the first one is seen as serving's
+    if session is not None:
+        _serving_by_time(session, warmup_s)
 
 
 def _serving_by_time(session, warmup_s: float) -> None:

@@ -18,25 +18,45 @@ class FamilyInfo(Frozen):
     implementation: "module:Class" of the Family. triggers: modules whose import starts a ``JIT_AHEAD=1``
     session naming this family. misses_are_calls: the coverage report's reading, True when the family has
     no compilation listener, so each executor miss is itself what happened to a call (loaded, waited, built
-    in place, or compiled by the DSL)."""
+    in place, or compiled by the DSL). first_use: "module:function" that puts off the ``JIT_AHEAD=1``
+    session until the DSL's first compile (see ``arm_first_use``); empty: the session starts at the trigger
+    import."""
 
     name: str
     implementation: str
     triggers: tuple
     misses_are_calls: bool = False
+    first_use: str = ""
 
-    def __init__(self, name: str, implementation: str, triggers, misses_are_calls: bool = False) -> None:
-        super().__init__(name, implementation, tuple(triggers), bool(misses_are_calls))
+    def __init__(self, name: str, implementation: str, triggers, misses_are_calls: bool = False,
+                 first_use: str = "") -> None:
+        super().__init__(name, implementation, tuple(triggers), bool(misses_are_calls), str(first_use))
 
     def load(self) -> type:
-        import importlib
+        return _resolve(self.implementation)
 
-        module, _, cls = self.implementation.partition(":")
-        return getattr(importlib.import_module(module), cls)
+    def arm_first_use(self, start):
+        """Have ``start()`` called just before the DSL first compiles in this process. ``first_use`` names
+        ``arm(start)``, which returns a ``disarm()`` that undoes the arrangement (called when the session
+        starts some other way), or None when it cannot arm; None here too without one."""
+        return _resolve(self.first_use)(start) if self.first_use else None
+
+
+def _resolve(target: str):
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def workers_knob(family: str) -> str:
+    """The knob of a family's helper count: ``JIT_AHEAD_<NAME>_WORKERS``."""
+    return f"JIT_AHEAD_{family.upper()}_WORKERS"
 
 
 BUILTIN = (
-    FamilyInfo("triton", "jit_ahead.triton.family:TritonFamily", ("triton",)),
+    FamilyInfo("triton", "jit_ahead.triton.family:TritonFamily", ("triton",),
+               first_use="jit_ahead.triton.first_use:arm"),
     FamilyInfo("cute", "jit_ahead.cute.family:CuteFamily", ("cutlass",), misses_are_calls=True),
     FamilyInfo("deep_gemm", "jit_ahead.deep_gemm.family:DeepGemmFamily", ("deep_gemm",)),
 )

@@ -165,3 +165,48 @@ def test_a_stats_log_on_a_full_disk_is_one_line_and_the_run_goes_on():
     (summary,) = [line for line in lines if line.startswith("jit_ahead: planned")]
     assert "executor compiles (startup)" in summary and "off after a failed write" in summary
     assert not any("listener" in line for line in lines), lines
+
+
+FIRST_COMPILE = """
+import json, sys, triton
+loaded = sorted(m for m in sys.modules if m.startswith("jit_ahead"))
+from jit_ahead.triton.standin import ensure_driver
+ensure_driver()
+import torch
+from tests.kernels import basic as k
+before = "jit_ahead.core.session" in sys.modules and sys.modules["jit_ahead.core.session"].current() is not None
+{break_start}
+k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"), torch.empty(64, device="meta"), 64, BLOCK=64)
+from jit_ahead.core import session
+s = session.current()
+print(json.dumps([loaded, before, s is not None and s.stats.count("executor_miss"),
+                  s is not None and s.stats.count("compile")]))
+"""
+
+
+def test_without_records_the_session_starts_at_the_first_compile_and_sees_it(tmp_path):
+    # A process that imports Triton and never compiles pays for no session (issue 19, item 7); the first
+    # launch that misses starts it, and the session sees that launch as one started at the import does.
+    # With a record folder the session starts at the import, to replay the records while the model loads.
+    repo = str(Path(__file__).parent.parent)
+    seen = {}
+    for arm, extra in (("first compile", {}), ("import", {"JIT_AHEAD_RECORD_DIR": str(tmp_path / "records")})):
+        env = dict(JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", TRITON_CACHE_DIR=str(tmp_path / arm), **extra)
+        out = run_raw(FIRST_COMPILE.format(break_start=""), cwd=repo, **env)
+        seen[arm] = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded, before, misses, compiles = seen["first compile"]
+    assert not before and seen["import"][1]
+    assert not {"jit_ahead.core.session", "jit_ahead.core.pool", "jit_ahead.triton.family"} & set(loaded), loaded
+    assert misses == 1 and seen["import"][2:] == [misses, compiles]
+
+
+def test_a_session_that_cannot_start_at_the_first_compile_leaves_that_launch_to_triton(tmp_path):
+    env = dict(JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    broken = ("import jit_ahead.core.session as _s\n"
+              "def _refuse(*a, **k):\n    raise OSError('injected: no session')\n"
+              "_s.start = _refuse")
+    out = run_raw(FIRST_COMPILE.format(break_start=broken), cwd=str(Path(__file__).parent.parent), **env)
+    assert json.loads(out.stdout.strip().splitlines()[-1])[1:] == [False, False, False]
+    lines = [line for line in out.stderr.splitlines() if "jit_ahead" in line]
+    assert [line for line in lines if "could not start (OSError: injected: no session)" in line], lines
+    assert list(tmp_path.joinpath("cache").rglob("*.cubin")), "Triton compiled the launch itself"

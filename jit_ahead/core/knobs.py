@@ -24,7 +24,7 @@ MAX_TOKENS = 1 << 24
 MAX_BATCH = 1 << 16
 
 
-def _env_number(name: str, default, minimum, maximum, parse, kind: str):
+def _env_number(name: str, default, minimum, maximum, parse, kind: str, quiet: bool = False):
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -33,14 +33,15 @@ def _env_number(name: str, default, minimum, maximum, parse, kind: str):
     except ValueError:
         value = None
     if value is None or not minimum <= value <= maximum:  # also false for nan; inf is above any maximum
-        log.error("%s=%r is not %s from %s to %s; using the default %s", name, raw, kind, minimum, maximum,
-                  default)
+        if not quiet:
+            log.error("%s=%r is not %s from %s to %s; using the default %s", name, raw, kind, minimum, maximum,
+                      default)
         return default
     return value
 
 
-def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 - 1) -> int:
-    return _env_number(name, default, minimum, maximum, int, "an integer")
+def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 - 1, quiet: bool = False) -> int:
+    return _env_number(name, default, minimum, maximum, int, "an integer", quiet)
 
 
 def env_seconds(name: str, default: float, *, minimum: float = 0.0) -> float:
@@ -74,21 +75,23 @@ def default_worker_count() -> int:
     return max(1, _cpus_per_rank() - 1)
 
 
-def helper_count(name: str, default: int, *, minimum: int = 0) -> int:
+def helper_count(name: str, default: int, *, minimum: int = 0, quiet: bool = False) -> int:
     """A count of helpers this rank keeps: above the CPUs it may use, more only queue for them (and hold
     memory and pids for as long as there is work), so it is capped there with one line."""
-    value = env_int(name, default, minimum=minimum, maximum=MAX_PROCESSES)
+    value = env_int(name, default, minimum=minimum, maximum=MAX_PROCESSES, quiet=quiet)
     cap = max(1, minimum, _cpus_per_rank())
     if value > cap:
-        log.warning("%s=%d is more than the %d CPUs this rank may use (%d usable, %d local ranks); using %d",
-                    name, value, cap, usable_cpus(), local_rank_count(), cap)
+        if not quiet:
+            log.warning("%s=%d is more than the %d CPUs this rank may use (%d usable, %d local ranks); using %d",
+                        name, value, cap, usable_cpus(), local_rank_count(), cap)
         return cap
     return value
 
 
-def worker_count(knob: str) -> int:
-    """Helpers for one family; ``0`` means no helpers (every miss builds in place)."""
-    return helper_count(knob, default_worker_count(), minimum=0)
+def worker_count(knob: str, quiet: bool = False) -> int:
+    """Helpers for one family; ``0`` means no helpers (every miss builds in place). ``quiet``: a bad or
+    capped value is not said (the pool that reads it again says it)."""
+    return helper_count(knob, default_worker_count(), minimum=0, quiet=quiet)
 
 
 def planner_count() -> int:

@@ -13,6 +13,7 @@ from .. import registry
 from . import device_view, events, knobs
 from .limits import EngineLimits
 from .priority import Priority
+from .say import say
 from .stats import Stats
 from .stats_log import open_stats_log
 
@@ -25,31 +26,6 @@ log = logging.getLogger("jit_ahead.session")
 # At interpreter exit, builds still running get this long before their helpers are killed: the process's
 # own work is over, and a killed build publishes nothing (every entry is written atomically).
 EXIT_GRACE_S = 0.1
-
-def say(line: str) -> None:
-    """A line a person should see exactly once: through logging where it shows jit_ahead's INFO lines
-    (the server configured it so), else on stderr."""
-    if _logging_shows_info(log):
-        log.info("%s", line)
-    else:
-        print(line, file=sys.stderr, flush=True)
-
-
-def _logging_shows_info(logger: logging.Logger) -> bool:
-    """True when an INFO record of ``logger`` reaches a handler that emits it: the logger lets INFO through
-    and a handler on its way up (as far as records propagate) has a level at or below INFO. Handlers' own
-    filters are not consulted: a filter is the server's choice of what it shows."""
-    if not logger.isEnabledFor(logging.INFO):
-        return False
-    current: logging.Logger | None = logger
-    while current is not None:
-        if any(handler.level <= logging.INFO for handler in current.handlers):
-            return True
-        if not current.propagate:
-            return False
-        current = current.parent
-    return False
-
 
 class Session:
     def __init__(self, families=("triton",), *, stats: Stats | None = None, skip_unavailable: bool = False,

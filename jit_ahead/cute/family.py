@@ -20,6 +20,7 @@ from ..core.priority import Priority
 from ..core.stats import Stats
 from ..core.table import RequestTable, Ticket
 from ..core.records import RecordFolder, record_folder
+from ..registry import workers_knob
 from . import hook, library_cache
 from .arch import arch_of
 from .build import CACHE_KNOB, cache_root, object_path
@@ -34,7 +35,7 @@ from .request import FAMILY, CuteCompileRequest
 
 log = logging.getLogger("jit_ahead.cute")
 
-SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.cute.build", workers_knob="JIT_AHEAD_CUTE_WORKERS",
+SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.cute.build", workers_knob=workers_knob(FAMILY),
                   preload_knob="JIT_AHEAD_CUTE_PRELOAD")
 
 

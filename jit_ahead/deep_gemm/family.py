@@ -22,13 +22,14 @@ from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.records import RecordFolder, RecordFormat, record_folder
 from ..core.table import RequestTable, Ticket
+from ..registry import workers_knob
 from . import build, disk_cache
 from .rebuild import RecordedKernel
 
 log = logging.getLogger("jit_ahead.deep_gemm")
 
 FAMILY = "deep_gemm"
-SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.deep_gemm.build", workers_knob="JIT_AHEAD_DEEP_GEMM_WORKERS",
+SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.deep_gemm.build", workers_knob=workers_knob(FAMILY),
                   preload_knob="JIT_AHEAD_DEEP_GEMM_PRELOAD")
 
 

@@ -20,6 +20,7 @@ from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import RecordFolder, is_dotted_name, record_folder
 from ..core.stats import Stats
 from ..core.table import RequestTable, Ticket
+from ..registry import workers_knob
 from . import autotune, cache_check, hook
 from .executor import TritonExecutor
 from .record import RecordedVariant, compute_installation_key_in_background, record_format
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # planning's modules are imported when a process first plans 
 
 log = logging.getLogger("jit_ahead.triton")
 
-SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob="JIT_AHEAD_TRITON_WORKERS",
+SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob=workers_knob(FAMILY),
                   preload_knob="JIT_AHEAD_TRITON_PRELOAD")
 # Triton's installation key is hashed this long after the session starts (record.py): the CPU it takes is
 # not spent by short processes, and a server is still building its model then.

@@ -1,0 +1,45 @@
+"""Putting off a ``JIT_AHEAD=1`` session until Triton first compiles in the process.
+
+A process that imports Triton and never launches an uncached kernel (a tool, a test collector, a script that
+only reads a config) should pay nothing for jit_ahead. Until then, a small function sits in Triton's
+``jit_cache_hook`` slot: Triton calls it on the first in-memory miss, before any lookup or compile; it puts
+the slot back, starts the session (whose own hook takes the slot, chaining what was there) and hands the
+call on to it. Imports nothing of jit_ahead's core.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from triton import knobs
+
+from . import compat
+
+_lock = threading.Lock()  # concurrent first misses: one starts the session, the others wait for it
+
+
+def arm(start: Callable[[], object]) -> Callable[[], None]:
+    """Call ``start()`` at Triton's first in-memory miss in this process; returns ``disarm()``, which puts
+    the slot back (when the session starts some other way) and does nothing once the miss came."""
+    previous = knobs.runtime.jit_cache_hook
+    # Triton 3.6 cannot serialize some launches' specializations for any hook, this one included
+    compat.patch_specialization_serializer()
+
+    def disarm() -> None:
+        if knobs.runtime.jit_cache_hook is first_miss:
+            knobs.runtime.jit_cache_hook = previous
+            if previous is None:
+                compat.restore_specialization_serializer()
+
+    def first_miss(**kwargs):
+        with _lock:
+            if knobs.runtime.jit_cache_hook is first_miss:
+                disarm()
+                start()  # never raises: a session that cannot start leaves the process without jit_ahead
+        hook = knobs.runtime.jit_cache_hook
+        if hook is None or hook is first_miss:
+            return None
+        return hook(**kwargs)
+
+    knobs.runtime.jit_cache_hook = first_miss
+    return disarm
