@@ -94,12 +94,16 @@ def _hook_transformers() -> None:
 
 
 class _Deferred:
-    """A session put off until the DSL's first compile: how to undo each family's arrangement, and the
-    serving timer, which runs from the line that said jit_ahead is on."""
+    """A session put off until the DSL's first compile: how to undo each family's arrangement, and when the
+    line that said jit_ahead is on was said (serving is assumed JIT_AHEAD_WARMUP_S after it; the timer is
+    set when the session starts, so that a process that never compiles starts no thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, warmup_s: float) -> None:
+        import time
+
         self.disarms: list = []
-        self.timer = None
+        self.warmup_s = warmup_s
+        self.said_at = time.monotonic()
 
 
 _deferred: _Deferred | None = None
@@ -123,14 +127,14 @@ def _after_trigger() -> None:
 def _defer(infos) -> None:
     global _deferred
     import atexit
-    import threading
 
     from .core import knobs
     from .core.say import say
     from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
     from .registry import workers_knob
 
-    deferred = _Deferred()
+    warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
+    deferred = _Deferred(warmup_s)
     _deferred = deferred
     for info in infos:
         disarm = info.arm_first_use(start_session)
@@ -138,11 +142,6 @@ def _defer(infos) -> None:
             start_session()
             return
         deferred.disarms.append(disarm)
-    warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
-    if warmup_s > 0:
-        deferred.timer = threading.Timer(warmup_s, _serving_by_time_deferred, args=(warmup_s,))
-        deferred.timer.daemon = True
-        deferred.timer.start()
     families = []
     for info in infos:
         workers = knobs.worker_count(workers_knob(info.name), quiet=True)  # said when the pool reads it
@@ -161,18 +160,21 @@ def _summary_if_never_started() -> None:
     if _deferred is None or (session is not None and session.current() is not None):
         return  # started (by a compile, or by an engine's own jit_ahead.start()): its summary is said
     try:
-        from .core import events
         from .core.say import say
-        from .core.stats import Stats
-        from .core.stats_log import open_stats_log
+        from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
 
         counts = {"planned": 0, "session": "not started (no compile in this process)"}
-        stats = Stats()
-        sink = open_stats_log(stats)
-        if sink is not None:
-            stats.emit(events.Summary(counts))
-            sink.close()
-            counts["stats log"] = str(sink.path)
+        if stats_log_path(os.environ.get(STATS_KNOB)) is not None:
+            from .core import events
+            from .core.stats import Stats
+            from .core.stats_log import open_stats_log
+
+            stats = Stats()
+            sink = open_stats_log(stats)
+            if sink is not None:
+                stats.emit(events.Summary(dict(counts)))
+                sink.close()
+                counts["stats log"] = str(sink.path)
         say("jit_ahead: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     except Exception as exc:  # exit must not fail for a summary
         sys.stderr.write(f"jit_ahead: no summary ({type(exc).__name__}: {exc})\n")
@@ -219,6 +221,7 @@ def start_session():
 def _start_session():
     global _deferred
     import threading
+    import time
 
     deferred, _deferred = _deferred, None
     if deferred is not None:
@@ -231,16 +234,21 @@ def _start_session():
         if current() is not None:
             return current()
         session = start(knobs.families(), skip_unavailable=True, announce=True)
-        if deferred is not None:  # the line was said and the timer runs since the trigger import
-            if deferred.timer is not None:
-                session.add_serving_listener(deferred.timer.cancel)
-            return session
-        warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
+        if deferred is not None:  # the line was said at the trigger import: serving counts from there
+            warmup_s = deferred.warmup_s
+            left = warmup_s - (time.monotonic() - deferred.said_at)
+            if warmup_s > 0 and left <= 0:
+                _serving_by_time(session, warmup_s)  # before the compile that started it: that one is serving's
+                return session
+        else:
+            warmup_s = left = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
-            timer = threading.Timer(warmup_s, _serving_by_time, args=(session, warmup_s))
+            timer = threading.Timer(left, _serving_by_time, args=(session, warmup_s))
             timer.daemon = True
             timer.start()
             session.add_serving_listener(timer.cancel)
+        if deferred is not None:
+            return session
         say(f"jit_ahead on (JIT_AHEAD=1): {session.describe()}; serving is assumed "
             + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
             + (f"; stats log {session.stats_log.path}" if session.stats_log is not None else ""))
@@ -248,12 +256,6 @@ def _start_session():
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")
         return None
-
-
-def _serving_by_time_deferred(warmup_s: float) -> None:
-    session = start_session()  # no compile yet: the session starts so that the first one is seen as serving's
-    if session is not None:
-        _serving_by_time(session, warmup_s)
 
 
 def _serving_by_time(session, warmup_s: float) -> None:
