@@ -3,6 +3,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
 
 
@@ -21,16 +23,17 @@ def test_helpers_install_under_their_own_name():
     assert subprocess.run([sys.executable, "-c", "import helpers"], capture_output=True, cwd="/").returncode != 0
 
 
-def run_demo(tmp_path, workers: str):
+def run_demo(tmp_path, workers: str, **env):
     """The demo on the small Qwen3 + Liger model; (seconds since start, line) for each stdout line, as a
     person watching sees them, and the stderr lines."""
+    import os
     import threading
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "jit_ahead.cli", "demo", "--workers", workers, "--cache-dir",
                              str(tmp_path), "--models", "qwen3-liger", "--max-num-tokens", "24", "--max-batch-size",
                              "2", "--max-seq-len", "24"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO)
+                            cwd=REPO, env={**os.environ, **env})
     stderr = []
     reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
     reader.start()
@@ -43,8 +46,10 @@ def run_demo(tmp_path, workers: str):
     return arrived, "".join(stderr).splitlines()
 
 
-def test_demo_plans_a_liger_model_and_builds_everything_in_helpers(tmp_path):
-    arrived, lines = run_demo(tmp_path, "1")
+@pytest.mark.parametrize("start", ["server", "spawn"])
+def test_demo_plans_a_liger_model_and_builds_everything_in_helpers(tmp_path, start):
+    # spawned helpers are fresh interpreters: what they import must not print around jit_ahead's lines either
+    arrived, lines = run_demo(tmp_path, "1", JIT_AHEAD_HELPER_START=start)
     out = "\n".join(line for _, line in arrived)
     planned = re.search(r"qwen3-liger: planned (\d+) variants", out)
     assert planned and int(planned.group(1)) > 0, out
