@@ -59,6 +59,7 @@ BUILTIN = (
                first_use="jit_ahead.triton.first_use:arm"),
     FamilyInfo("cute", "jit_ahead.cute.family:CuteFamily", ("cutlass",), misses_are_calls=True),
     FamilyInfo("deep_gemm", "jit_ahead.deep_gemm.family:DeepGemmFamily", ("deep_gemm",)),
+    FamilyInfo("tilelang", "jit_ahead.tilelang.family:TileLangFamily", ("tilelang",), misses_are_calls=True),
 )
 _registered: dict = {}  # name -> FamilyInfo: register() and the entry points, once read
 _entry_points_read = False

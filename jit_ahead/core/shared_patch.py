@@ -43,3 +43,19 @@ class SharedPatch(Generic[H]):
             if self._holders == 0:
                 self.handler = None
                 self._restore()
+
+
+def swap_in(owner: object, name: str, replacement: object, original: object) -> object:
+    """Put ``replacement`` at ``owner.name`` unless it is there; returns the original to keep: the attribute
+    it replaced, or ``original`` (what an earlier swap kept) when nothing was replaced."""
+    current = getattr(owner, name)
+    if current is replacement:
+        return original
+    setattr(owner, name, replacement)
+    return current
+
+
+def swap_out(owner: object, name: str, replacement: object, original: object) -> None:
+    """Put ``original`` back where ``replacement`` still is (one set over it since stays)."""
+    if getattr(owner, name) is replacement:
+        setattr(owner, name, original)

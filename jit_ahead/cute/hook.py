@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from ..core.executor import JitAfterReadyError
-from ..core.shared_patch import SharedPatch
+from ..core.shared_patch import SharedPatch, swap_in, swap_out
 
 log = logging.getLogger("jit_ahead.cute")
 
@@ -31,16 +31,13 @@ def _patch_dsl() -> None:
     global _original
     from cutlass.base_dsl.compiler import CompileCallable
 
-    if CompileCallable._compile is not _compile:
-        _original = CompileCallable._compile
-        CompileCallable._compile = _compile
+    _original = swap_in(CompileCallable, "_compile", _compile, _original)
 
 
 def _unpatch_dsl() -> None:
     from cutlass.base_dsl.compiler import CompileCallable
 
-    if CompileCallable._compile is _compile:
-        CompileCallable._compile = _original
+    swap_out(CompileCallable, "_compile", _compile, _original)
 
 
 _patch: SharedPatch[Handler] = SharedPatch(_patch_dsl, _unpatch_dsl)

@@ -4,16 +4,10 @@ The public names below are imported on first use: a ``JIT_AHEAD=1`` process that
 for planning's modules."""
 from __future__ import annotations
 
-import importlib
+from ..lazy_names import lazy_names
 
 _PUBLIC = {"Capture": "plan", "capture": "plan", "plan_launch": "plan", "TritonCompileRequest": "request",
            "StandInDriver": "standin", "ensure_driver": "standin"}
 
 __all__ = list(_PUBLIC)
-
-
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_names(__name__, _PUBLIC)

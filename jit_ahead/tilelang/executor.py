@@ -1,0 +1,70 @@
+"""The executor side of the TileLang family: a TileLang compile in the server finds its entry on disk
+(TileLang loads it, milliseconds) instead of lowering and running nvcc.
+
+Not on disk: the core decides, as for Triton, between waiting for the helper that builds it (raised to
+URGENT) and building it in place (the same build a helper runs, published for the other ranks); then
+TileLang's own call loads it. A build that fails, or a wait that times out, leaves the compile to TileLang,
+as without jit_ahead. A kernel TileLang holds in memory already is TileLang's: nothing to do here.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..core import events
+from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
+from . import build
+from .request import FAMILY
+
+log = logging.getLogger("jit_ahead.tilelang.executor")
+
+
+class TileLangExecutor(ExecutorBase):
+    """Handles the server's TileLang compiles for one pool."""
+
+    family = FAMILY
+    build_here = staticmethod(build.build)  # a build on the calling thread, as a helper's
+
+    @staticmethod
+    def key_of(request) -> str:
+        return request.key
+
+    def on_compile(self, cache, describe, in_place):
+        """The hook's handler. If handling the compile fails, TileLang compiles it in place (the hook logs
+        why), unless ``refuse_fallback_if_strict`` refuses it."""
+        try:
+            request = describe()
+        except Exception as exc:
+            refuse_fallback_if_strict(self.guard, self.stats.phase, "a TileLang compile", exc)
+            raise
+        if request.key in cache._memory_cache:  # loaded in this process already: TileLang returns it
+            return in_place()
+        try:
+            return self._on_compile(request, in_place)
+        except JitAfterReadyError:
+            raise
+        except Exception as exc:
+            refuse_fallback_if_strict(self.guard, self.stats.phase, request.label, exc)
+            raise
+
+    def _on_compile(self, request, in_place):
+        t0 = time.perf_counter()
+        if self.recorder is not None:
+            self.recorder(request)
+        if build.is_built(request):
+            outcome, waited = "disk", 0.0
+        else:
+            if self.guarding() and not self.building_ahead(request.key):
+                self.report_unplanned(request.label, request.key,
+                                      f"{request.label} was not planned and needs a compile after serving started")
+            result, waited = self.obtain(request.build_request(), build.build)
+            outcome = result.value
+        fields = dict(family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
+                      planned=self.is_planned(request.key))
+        if outcome == Outcome.FALLBACK.value:
+            self.stats.emit(events.ExecutorMiss(outcome=outcome, seconds=time.perf_counter() - t0, **fields))
+            log.warning("%s: no build ahead (see above); TileLang compiles it in place", request.label)
+            return in_place()
+        kernel = in_place()  # TileLang loads the entry from disk
+        self.stats.emit(events.ExecutorMiss(outcome=outcome, seconds=time.perf_counter() - t0, waited=waited, **fields))
+        return kernel

@@ -1,0 +1,262 @@
+"""The TileLang family: TileLang kernels of our own (tests/kernels/tilelang_rows.py) captured without
+lowering, built for sm_90a by real CPU-only helpers into TileLang's own cache, and found there by the
+server's TileLang calls; nothing of TileLang or the pool is mocked."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from jit_ahead.core.executor import JitAfterReadyError
+from jit_ahead.core.priority import Priority
+from jit_ahead.core.session import Session
+from jit_ahead.core.table import State
+from jit_ahead.report import analyse, read_events
+from jit_ahead.tilelang import build, hook
+from jit_ahead.tilelang.plan import capture, plan_call
+from jit_ahead.tilelang.request import legal_out_idx
+
+from .conftest import REPO
+from .kernels.tilelang_rows import scale_rows, split_row_sums
+
+
+@pytest.fixture(autouse=True)
+def tilelang_cache(tmp_path, monkeypatch):
+    """Each test gets an empty TileLang cache (TileLang reads the variable at each use) and empty in-memory
+    caches: the decorators' own and the kernel caches'."""
+    cache = tmp_path / "tilelang-cache"
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(cache))
+    for impl in (scale_rows, split_row_sums):
+        impl.out_idx = [-1]  # as declared: TileLang's adapter rewrites the decorator's list in place
+    clear_memory_caches()
+    return cache
+
+
+def entries() -> list[str]:
+    root = build.entry_root()
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def tilelang_session(**options) -> Session:
+    return Session(families=("tilelang",), tilelang=options).start()
+
+
+def wait_settled(tickets, timeout=300.0) -> None:
+    deadline = time.monotonic() + timeout
+    for ticket in tickets:
+        ticket.wait(max(0.0, deadline - time.monotonic()))
+    assert all(t.state is State.DONE for t in tickets), [(t.request.label, t.state, t.result) for t in tickets]
+
+
+def clear_memory_caches() -> None:
+    from tilelang.cache import _dispatch_map
+
+    for impl in (scale_rows, split_row_sums):
+        impl._kernel_cache.clear()
+        impl._call_form_cache.clear()
+    for kernel_cache in _dispatch_map.values():
+        kernel_cache._memory_cache.clear()
+
+
+def test_out_idx_is_made_legal_as_tilelangs_own_adapter_makes_it_when_it_loads_a_kernel():
+    # TileLang's adapter rewrites the decorator's out_idx list in place when it loads a kernel from disk: from
+    # then on the process computes other keys for that decorator's kernels (see the warm-start test below).
+    func = scale_rows.get_tir(128)
+    expected = legal_out_idx(func, [-1])
+    scale_rows(128)  # TileLang alone, compiled: the list stays as declared
+    assert scale_rows.out_idx == [-1]
+    clear_memory_caches()
+    scale_rows(128)  # loaded from disk: the adapter rewrites it
+    assert scale_rows.out_idx == expected == [1]
+    assert legal_out_idx(func, -1) == -1  # an int is keyed as given (the adapter makes a new list of it)
+
+
+WARM_START = """
+import sys
+if sys.argv[1] == "jit_ahead":
+    from jit_ahead.core.session import Session
+    Session(families=("tilelang",), tilelang={"workers": 0}).start()
+from tests.kernels.tilelang_rows import split_row_sums
+for n_splits in (1, 2, 4):
+    split_row_sums(256, n_splits)
+"""
+
+
+def test_a_warm_start_compiles_nothing_with_jit_ahead_where_tilelang_alone_compiles_again(tmp_path):
+    # TileLang 0.1.15 alone: the first kernel a start loads from disk rewrites the decorator's out_idx, the
+    # others are looked up under other keys and compiled again. With jit_ahead the keys never change.
+    compiled = {}
+    for arm in ("tilelang", "jit_ahead"):
+        env = {**os.environ, "TILELANG_CACHE_DIR": str(tmp_path / arm)}
+        compiled[arm] = [subprocess.run([sys.executable, "-c", WARM_START, arm], cwd=REPO, env=env, text=True,
+                                        capture_output=True, timeout=300).stdout.count("begins to compile")
+                         for _ in ("cold", "warm")]
+    assert compiled == {"tilelang": [3, 2], "jit_ahead": [3, 0]}
+
+
+def test_a_planned_key_is_the_key_tilelang_files_its_own_compile_under():
+    with capture() as plan:  # nothing is lowered: the call raises once its request is recorded
+        for n_splits in (1, 2):
+            with pytest.raises(hook.Captured):
+                split_row_sums(256, n_splits)
+    assert len(plan.requests) == 2 and not entries()
+    assert {r.qualname for r in plan.requests} == {"split_row_sums"}
+    hook.install()  # the server's hook, with no executor: TileLang compiles as it would alone
+    try:
+        split_row_sums(256, 1)
+        split_row_sums(256, 2)
+    finally:
+        hook.release()
+    assert entries() == sorted(r.key for r in plan.requests)
+    from tilelang.cache.kernel_cache import KernelCache
+
+    assert KernelCache.cached is hook._original_cached  # the last holder put TileLang's own back
+
+
+FRESH_SERVER = """
+import json
+from jit_ahead.core.session import Session
+from tests.kernels.tilelang_rows import scale_rows, split_row_sums
+session = Session(families=("tilelang",), tilelang={"workers": 0}).start()
+events = []
+session.stats.subscribe(events.append)
+for n_splits in (1, 2, 4, 8):
+    split_row_sums(512, n_splits)
+scale_rows(512)
+session.close()
+print(json.dumps([e["outcome"] for e in events if e["event"] == "executor_miss"]))
+"""
+
+
+def test_helpers_build_what_planning_captured_and_a_fresh_server_compiles_nothing(tilelang_cache):
+    session = tilelang_session(workers=1)
+    try:
+        requests = [plan_call(split_row_sums, 512, n) for n in (1, 2, 4, 8)] + [plan_call(scale_rows, 512)]
+        tickets = session.tilelang.submit(requests, Priority.WARMUP)
+        wait_settled(tickets)
+        assert {t.result.builder for t in tickets} == {"helper-0"}
+    finally:
+        session.close()
+    assert entries() == sorted(r.key for r in requests)
+    stats = tilelang_cache.parent / "server-stats.jsonl"
+    out = subprocess.run([sys.executable, "-c", FRESH_SERVER], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TILELANG_CACHE_DIR": str(tilelang_cache), "JIT_AHEAD_STATS": str(stats)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["disk"] * 5
+    assert "begins to compile" not in out.stdout + out.stderr, out.stdout[-3000:]
+    rows = analyse(read_events(stats)[0]).kernels  # the coverage report: a row per factory, no compile
+    assert {name: row.compiles["startup"][0] for name, row in rows.items()} == {
+        "tests.kernels.tilelang_rows.split_row_sums": 0, "tests.kernels.tilelang_rows.scale_rows": 0}
+
+
+def test_a_compile_in_flight_in_a_helper_is_waited_for_or_built_once_never_twice():
+    session = tilelang_session(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    try:
+        request = plan_call(split_row_sums, 384, 3)
+        session.tilelang.submit([request], Priority.BACKGROUND)
+        kernel = split_row_sums(384, 3)  # at once: queued or building in the helper
+        assert kernel is not None
+        misses = [e for e in events if e["event"] == "executor_miss"]
+        assert [m["outcome"] for m in misses] in (["ready"], ["built_here"], ["disk"]), misses
+        builds = [e for e in events if e["event"] == "build_finish" and e["key"] == request.key]
+        assert len(builds) <= 1  # the helper's, or this thread's, or none (already done): never two
+    finally:
+        session.close()
+    assert entries() == [request.key]
+
+
+def test_after_serving_an_unplanned_compile_is_refused_in_error_mode_and_reported_in_warn_mode(monkeypatch):
+    monkeypatch.setenv("JIT_AHEAD_MODE", "error")
+    session = tilelang_session(workers=0)
+    try:
+        session.mark_serving(tune_ahead=False)
+        with pytest.raises(JitAfterReadyError, match="split_row_sums"):
+            split_row_sums(128, 4)
+        assert not entries()
+    finally:
+        session.close()
+    monkeypatch.setenv("JIT_AHEAD_MODE", "warn")
+    session = tilelang_session(workers=0)
+    events = []
+    session.stats.subscribe(events.append)
+    try:
+        session.mark_serving(tune_ahead=False)
+        assert split_row_sums(128, 4) is not None
+        assert [e["event"] for e in events if e["event"] in ("guard", "executor_miss")] == ["guard", "executor_miss"]
+        assert [e["outcome"] for e in events if e["event"] == "executor_miss"] == ["built_here"]
+    finally:
+        session.close()
+
+
+def test_compiles_recorded_in_one_run_are_built_by_helpers_at_the_next_start_on_an_empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JIT_AHEAD_RECORD_DIR", str(tmp_path / "records"))
+    session = tilelang_session(workers=0)
+    try:
+        assert session.tilelang.wait_replay(60)
+        split_row_sums(192, 2)
+        split_row_sums(192, 3)
+        first = entries()
+    finally:
+        session.close()
+    assert len(first) == 2
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "empty"))
+    clear_memory_caches()
+    session = tilelang_session(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    try:
+        assert session.tilelang.wait_replay(60)
+        assert session.wait_ready(timeout=300, priority=Priority.REPLAY)
+        assert entries() == first
+        split_row_sums(192, 2)
+        split_row_sums(192, 3)
+        assert [e["outcome"] for e in events if e["event"] == "executor_miss"] == ["disk", "disk"]
+    finally:
+        session.close()
+
+
+def test_a_helper_killed_mid_build_leaves_no_entry_and_the_request_is_built_again():
+    session = tilelang_session(workers=1)
+    try:
+        request = plan_call(split_row_sums, 640, 5)
+        (ticket,) = session.tilelang.submit([request], Priority.WARMUP)
+        deadline = time.monotonic() + 120
+        victim = None
+        while victim is None and time.monotonic() < deadline:  # the helper once it runs nvcc for this build
+            for pid in session.tilelang.pool.helper_pids().values():
+                if any("nvcc" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True)):
+                    victim = pid
+            time.sleep(0.01)
+        assert victim is not None, "the helper never ran nvcc"
+        os.kill(victim, signal.SIGKILL)
+        assert not build.is_built(request)
+        wait_settled([ticket])
+        assert build.is_built(request) and entries() == [request.key]
+    finally:
+        session.close()
+
+
+def test_a_request_this_tilelang_keys_otherwise_is_refused_with_one_line_and_nothing_written():
+    request = plan_call(split_row_sums, 256, 2)
+    other = dataclasses.replace(request, key="0" * 64)
+    with pytest.raises(build.KeyMismatch, match="another TileLang version"):
+        build.build(other)
+    assert not entries()
+
+
+def test_jit_ahead_1_with_the_tilelang_family_starts_it_when_tilelang_is_imported():
+    code = ("import json, sys, tilelang, jit_ahead; s = jit_ahead.current(); "
+            "print(json.dumps([sorted(s.families), s.tilelang.pool.workers]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=300,
+                         env={**env, "JIT_AHEAD": "1", "JIT_AHEAD_FAMILIES": "tilelang", "JIT_AHEAD_TILELANG_WORKERS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [["tilelang"], 1]
+    assert "jit_ahead on (JIT_AHEAD=1): tilelang with 1 helper" in out.stderr
