@@ -11,18 +11,20 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from jit_ahead.core.executor import JitAfterReadyError
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.session import Session
 from jit_ahead.core.table import State
+from jit_ahead.providers.tilelang_calls import TileLangTokenCalls
 from jit_ahead.report import analyse, read_events
 from jit_ahead.tilelang import build, hook
 from jit_ahead.tilelang.plan import capture, plan_call
 from jit_ahead.tilelang.request import legal_out_idx
 
 from .conftest import REPO
-from .kernels.tilelang_rows import scale_rows, split_row_sums
+from .kernels.tilelang_rows import TARGET, SplitRowSums, scale_rows, split_count, split_row_sums
 
 
 @pytest.fixture(autouse=True)
@@ -260,3 +262,93 @@ def test_jit_ahead_1_with_the_tilelang_family_starts_it_when_tilelang_is_importe
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [["tilelang"], 1]
     assert "jit_ahead on (JIT_AHEAD=1): tilelang with 1 helper" in out.stderr
+
+
+class SplitRowSumsProvider(TileLangTokenCalls):
+    name = "test-split-row-sums"
+
+    def find_layers(self, model):
+        return [m for m in model.modules() if isinstance(m, SplitRowSums)]
+
+    def calls(self, layer, num_tokens):
+        return [layer.kernel_call(num_tokens)]
+
+
+SERVE_AT_RANDOM = """
+import json, random, sys
+from jit_ahead.core import device_view
+device_view.pin(device_view.DeviceView.h200())  # torch answers as on the H200 (132 SMs), as the planners saw
+from jit_ahead.core.session import Session
+from tests.kernels.tilelang_rows import SplitRowSums
+session = Session(families=("tilelang",), tilelang={"workers": 0}).start()
+events = []
+session.stats.subscribe(events.append)
+layer = SplitRowSums(1024)
+rng = random.Random(int(sys.argv[1]))
+for num_tokens in [rng.randint(1, 4096) for _ in range(24)] + [1, 4096]:
+    kernel, args, kwargs = layer.kernel_call(num_tokens)
+    kernel(*args, **kwargs)
+session.close()
+print(json.dumps(sorted({e["outcome"] for e in events if e["event"] == "executor_miss"})))
+"""
+
+
+def test_split_counts_from_token_count_and_sm_count_are_planned_for_every_token_count(tilelang_cache):
+    # mHC-style: the split count follows from the token count and the SM count (132 on an H200, seen by the
+    # forked planners through the device view); every split count the limits reach is built, and a server
+    # serving random token counts across the limits compiles nothing.
+    import random
+
+    from jit_ahead.core.limits import EngineLimits
+
+    session = tilelang_session(workers=1)
+    try:
+        model = torch.nn.Sequential(SplitRowSums(1024), SplitRowSums(1024))
+        session.plan_model(model, EngineLimits(max_num_tokens=4096, max_batch_size=16, max_seq_len=4096),
+                           [SplitRowSumsProvider()])
+        assert session.wait_ready(timeout=600, priority=Priority.BACKGROUND)
+    finally:
+        session.close()
+    reachable = {split_count(n, 1024, 132) for n in range(1, 4097)}
+    assert len(entries()) == len(reachable) == 7  # 2 to 8 splits: one split needs more than 132 row blocks
+    seed = random.randrange(1 << 30)
+    out = subprocess.run([sys.executable, "-c", SERVE_AT_RANDOM, str(seed)], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TILELANG_CACHE_DIR": str(tilelang_cache)})
+    assert out.returncode == 0, (seed, out.stderr[-3000:])
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["disk"], seed
+    assert "begins to compile" not in out.stdout + out.stderr, seed
+
+
+THIRD_PARTY_SERVER = """
+import json
+from jit_ahead.core.session import Session
+from fla.ops.generalized_delta_rule.dplr.backends.tilelang import cumsum
+session = Session(families=("tilelang",), tilelang={"workers": 0}).start()
+events = []
+session.stats.subscribe(events.append)
+cumsum._chunk_local_cumsum_rect_kernel_tl(4, 64, 64, 16, "bfloat16", 1.4426950408889634, True)
+session.close()
+print(json.dumps([e["outcome"] for e in events if e["event"] == "executor_miss"]))
+"""
+
+
+def test_a_third_party_tilelang_kernel_is_planned_built_by_a_helper_and_loaded_with_no_code_of_its_own(
+        tilelang_cache, monkeypatch):
+    # flash-linear-attention's TileLang DPLR cumsum kernel, which names no target: TileLang's default target
+    # is the H200's here (on a GPU, "auto" resolves to it)
+    from fla.ops.generalized_delta_rule.dplr.backends.tilelang import cumsum
+
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", json.dumps(TARGET))
+    session = tilelang_session(workers=1)
+    try:
+        request = plan_call(cumsum._chunk_local_cumsum_rect_kernel_tl, 4, 64, 64, 16, "bfloat16",
+                            1.4426950408889634, True)
+        assert request.module == cumsum.__name__ and '"arch":"sm_90a"' in request.target
+        wait_settled(session.tilelang.submit([request], Priority.WARMUP))
+    finally:
+        session.close()
+    out = subprocess.run([sys.executable, "-c", THIRD_PARTY_SERVER], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TILELANG_CACHE_DIR": str(tilelang_cache)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["disk"]
+    assert "begins to compile" not in out.stdout + out.stderr

@@ -16,7 +16,7 @@ from . import hook
 from .hook import Captured
 from .request import TileLangCompileRequest
 
-__all__ = ["Capture", "Captured", "capture", "plan_call"]
+__all__ = ["Capture", "Captured", "capture", "plan_call", "planned_call"]
 
 
 class Capture:
@@ -55,3 +55,13 @@ def plan_call(kernel, *args, **kwargs) -> TileLangCompileRequest:
         except Captured as captured:
             return captured.request
     raise LookupError(f"{getattr(kernel, '__name__', kernel)!r} compiled nothing here: this process has it already")
+
+
+def planned_call(kernel, *args, **kwargs) -> None:
+    """One call of a TileLang kernel inside the capture the caller runs it in (a provider's planned launch):
+    the capture records what it compiles; nothing is returned, and a kernel this process has already is no
+    error."""
+    try:
+        kernel(*args, **kwargs)
+    except Captured:
+        pass

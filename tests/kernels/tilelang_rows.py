@@ -6,6 +6,7 @@ the token count and the SM count by the engine); each split count is another ker
 """
 import tilelang
 import tilelang.language as T
+import torch
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}  # the H200's; "auto" needs a GPU
 
@@ -39,3 +40,26 @@ def split_row_sums(hidden, n_splits, dtype="float32"):
             out[split, row] = acc[0]
 
     return main
+
+
+def split_count(num_tokens: int, hidden: int, sm_count: int, block_m: int = 64) -> int:
+    """How many splits a forward of ``num_tokens`` tokens uses, the way an engine sizes mHC's ``n_splits``:
+    enough row blocks times splits to fill the SMs, at most one split per 128 columns."""
+    blocks = -(-num_tokens // block_m)
+    return max(1, min(hidden // 128, sm_count // blocks))
+
+
+class SplitRowSums(torch.nn.Module):
+    """A layer whose TileLang kernel depends on the token count and the GPU's SM count."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def kernel_call(self, num_tokens: int):
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+        return split_row_sums, (self.hidden, split_count(num_tokens, self.hidden, sm_count)), {}
+
+    def forward(self, x):
+        kernel, args, kwargs = self.kernel_call(x.shape[0])
+        return kernel(*args, **kwargs)(x)
