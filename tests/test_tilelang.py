@@ -352,3 +352,15 @@ def test_a_third_party_tilelang_kernel_is_planned_built_by_a_helper_and_loaded_w
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["disk"]
     assert "begins to compile" not in out.stdout + out.stderr
+
+
+def test_where_tilelang_cannot_be_imported_the_family_is_left_out_with_one_line():
+    code = ("import sys, json\nsys.modules['tilelang'] = None  # as where it is not installed\n"
+            "from jit_ahead.core.session import Session\n"
+            "s = Session(families=('tilelang',), skip_unavailable=True, tilelang={'workers': 0}).start()\n"
+            "print(json.dumps(sorted(s.families)))\ns.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    lines = [line for line in out.stderr.splitlines() if "tilelang" in line]
+    assert len(lines) == 1 and "the tilelang family is not available" in lines[0], out.stderr
