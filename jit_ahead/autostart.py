@@ -19,6 +19,7 @@ Models: once ``transformers.modeling_utils`` is imported, models returned by ``f
 ``from_config`` are planned within the ``JIT_AHEAD_MAX_*`` limits (``engines/transformers.py``;
 ``JIT_AHEAD_PLAN_MODELS=off`` turns that off).
 """
+import _thread
 import os
 import sys
 
@@ -104,13 +105,17 @@ class _Deferred:
         self.disarms: list = []
         self.warmup_s = warmup_s
         self.said_at = time.monotonic()
+        self.said = False  # the line was said (not when arming failed: the session starting says it)
 
 
 _deferred: _Deferred | None = None
 
 
 def _after_trigger() -> None:
-    """A trigger module was imported: start the session now, or at the first compile."""
+    """A trigger module was imported: start the session now, or at the first compile. Nothing to do where a
+    session is starting (a family's module imported the trigger) or put off already."""
+    if _starting or _deferred is not None:
+        return
     try:
         from . import registry
 
@@ -151,6 +156,7 @@ def _defer(infos) -> None:
     say(f"jit_ahead on (JIT_AHEAD=1): {', '.join(families)}, from the first compile; serving is assumed "
         + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
         + (f"; stats log {stats.absolute()}" if stats is not None else ""))
+    deferred.said = True
     atexit.register(_summary_if_never_started)
 
 
@@ -190,16 +196,8 @@ def current():
     return session_current()
 
 
-def _start_lock():
-    global _lock
-    if _lock is None:  # made on first use: threading is not imported at the start-up hook's time
-        import threading
-
-        _lock = threading.RLock()
-    return _lock
-
-
-_lock = None
+_lock = _thread.RLock()  # the builtin module: threading is not imported at the start-up hook's time
+_starting = False  # a session is being made: a trigger its families import must not start another
 
 
 def start(families=("triton",), **options):
@@ -213,9 +211,17 @@ def start(families=("triton",), **options):
 
 
 def start_session():
-    """The session of the ``JIT_AHEAD=1`` path, started now if it was not yet; None if it cannot start."""
-    with _start_lock():
-        return _start_session()
+    """The session of the ``JIT_AHEAD=1`` path, started now if it was not yet; None if it cannot start (or
+    when called again while it starts, from an import the start makes)."""
+    global _starting
+    with _lock:
+        if _starting:
+            return None
+        _starting = True
+        try:
+            return _start_session()
+        finally:
+            _starting = False
 
 
 def _start_session():
@@ -234,6 +240,8 @@ def _start_session():
         if current() is not None:
             return current()
         session = start(knobs.families(), skip_unavailable=True, announce=True)
+        if deferred is not None and not deferred.said:
+            deferred = None  # arming failed before the line: it is said here, and serving counts from now
         if deferred is not None:  # the line was said at the trigger import: serving counts from there
             warmup_s = deferred.warmup_s
             left = warmup_s - (time.monotonic() - deferred.said_at)

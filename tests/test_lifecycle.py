@@ -376,3 +376,52 @@ def test_a_closed_session_leaves_no_stand_in_gpu_on_a_machine_without_one(tmp_pa
                                                        "TRITON_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["driver after NoneType", "torch after True"]
+
+
+STAND_IN_HOLDS = """
+import triton
+from triton.backends.compiler import GPUTarget
+from jit_ahead.triton import capture
+from jit_ahead.triton.standin import StandInDriver, ensure_driver
+
+try:  # a target the stand-in cannot show: the capture fails, and must hold nothing
+    with capture(GPUTarget("hip", "gfx942", 64)):
+        pass
+except Exception as exc:
+    print("refused", type(exc).__name__)
+with capture():
+    pass
+print("after a failed hold", type(triton.runtime.driver._active).__name__)
+with capture():
+    ensure_driver()  # a script's own stand-in, asked for while planning holds one
+print("after ensure_driver in a hold", type(triton.runtime.driver._active).__name__)
+"""
+
+
+def test_a_failed_stand_in_hold_holds_nothing_and_a_process_wide_one_outlives_the_holds(tmp_path):
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    done = subprocess.run([sys.executable, "-c", STAND_IN_HOLDS], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "TRITON_CACHE_DIR": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[1:3] == ["after a failed hold NoneType", "after ensure_driver in a hold StandInDriver"]
+
+
+def test_a_hook_that_replaced_ours_without_chaining_it_does_not_keep_the_next_session_out():
+    from triton import knobs
+
+    session = Session(triton={"workers": 0}).start()
+    try:
+        knobs.runtime.jit_cache_hook = lambda **kwargs: None  # another tool's, over ours, calling nothing
+        session.close()
+        session = Session(triton={"workers": 0}).start()
+        misses = session.stats.count("executor_miss")
+        k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                           torch.empty(64, device="meta"), 64, BLOCK=16)
+        assert session.stats.count("executor_miss") == misses + 1
+    finally:
+        session.close()
+        knobs.runtime.jit_cache_hook = None

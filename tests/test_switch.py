@@ -210,3 +210,44 @@ def test_a_session_that_cannot_start_at_the_first_compile_leaves_that_launch_to_
     lines = [line for line in out.stderr.splitlines() if "jit_ahead" in line]
     assert [line for line in lines if "could not start (OSError: injected: no session)" in line], lines
     assert list(tmp_path.joinpath("cache").rglob("*.cubin")), "Triton compiled the launch itself"
+
+
+def test_a_hook_put_over_the_first_compile_arrangement_that_calls_it_neither_loops_nor_loses_the_session(tmp_path):
+    # Another tool put its hook in Triton's slot after import and calls the one it found (jit_ahead's
+    # first-compile function): that function handed the miss back to the slot, which called it again...
+    code = FIRST_COMPILE.format(break_start=(
+        "import triton\nfrom triton import knobs\nbelow = knobs.runtime.jit_cache_hook\ntheirs = []\n"
+        "def chained(**kwargs):\n    theirs.append(kwargs['fn'].name)\n    return below(**kwargs)\n"
+        "knobs.runtime.jit_cache_hook = chained"))
+    env = dict(JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    out = run_raw(code, cwd=str(Path(__file__).parent.parent), **env)
+    assert json.loads(out.stdout.strip().splitlines()[-1])[2:] == [1, 2]  # the session started and saw the miss
+
+
+def test_a_session_started_before_triton_is_imported_says_one_line_and_does_not_wait_on_itself(tmp_path):
+    # Starting the session imports Triton, whose import watcher started (or put off) a session again from
+    # inside the first: with records that waited on the first's lock for ever; without, the line came twice.
+    code = ("import json\nfrom jit_ahead import autostart\ns = autostart.start_session()\n"
+            "print(json.dumps(sorted(s.families)))")
+    for extra in ({}, {"JIT_AHEAD_RECORD_DIR": str(tmp_path / "records")}):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                             env={**{k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")},
+                                  "JIT_AHEAD": "1", "JIT_AHEAD_TRITON_WORKERS": "0", **extra})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == ["triton"]
+        assert len([line for line in out.stderr.splitlines() if "jit_ahead on (JIT_AHEAD=1)" in line]) == 1, out.stderr
+
+
+def test_where_the_first_compile_cannot_be_arranged_the_session_starts_at_once_and_says_so():
+    code = ("import json\nfrom jit_ahead import registry\n"
+            "registry.BUILTIN = tuple(registry.FamilyInfo(i.name, i.implementation, i.triggers, i.misses_are_calls,"
+            " 'jit_ahead.no_such_module:arm' if i.first_use else '') for i in registry.BUILTIN)\n"
+            "import triton, sys\nprint(json.dumps('jit_ahead.core.session' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")},
+                              "JIT_AHEAD": "1", "JIT_AHEAD_TRITON_WORKERS": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is True
+    lines = out.stderr.splitlines()
+    assert any("could not put off the session" in line and "no_such_module" in line for line in lines), lines
+    assert len([line for line in lines if "jit_ahead on (JIT_AHEAD=1): triton" in line]) == 1, lines

@@ -364,3 +364,51 @@ def test_where_tilelang_cannot_be_imported_the_family_is_left_out_with_one_line(
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
     lines = [line for line in out.stderr.splitlines() if "tilelang" in line]
     assert len(lines) == 1 and "the tilelang family is not available" in lines[0], out.stderr
+
+
+def test_a_wrapper_another_tool_put_over_ours_between_two_sessions_does_not_loop():
+    from tilelang.cache.kernel_cache import KernelCache
+
+    hook.install()
+    below = KernelCache.cached  # ours
+
+    def theirs(self, *args, **kwargs):  # another tool's wrapper, calling what it found
+        return below(self, *args, **kwargs)
+
+    KernelCache.cached = theirs
+    hook.release()
+    hook.install()  # a second session
+    try:
+        assert split_row_sums(96, 2) is not None  # compiled by TileLang, no RecursionError
+    finally:
+        hook.release()
+        KernelCache.cached = hook._original_cached
+
+
+def test_with_tilelangs_cache_off_a_compile_is_left_to_tilelang_once(monkeypatch):
+    monkeypatch.setenv("TILELANG_DISABLE_CACHE", "1")
+    session = tilelang_session(workers=0)
+    events = []
+    session.stats.subscribe(events.append)
+    try:
+        assert split_row_sums(96, 3) is not None
+    finally:
+        session.close()
+    assert not [e for e in events if e["event"] in ("build_finish", "executor_miss")], events
+
+
+def test_the_token_count_provider_takes_calls_whose_arguments_are_lists():
+    from jit_ahead.core.limits import EngineLimits
+
+    class ListArguments(TileLangTokenCalls):
+        name = "test-list-arguments"
+
+        def find_layers(self, model):
+            return [model]
+
+        def calls(self, layer, num_tokens):
+            return [(split_row_sums, (128, [1, 2][num_tokens % 2]), {"blocks": [64, 64]})]
+
+    launches = list(ListArguments().launches([object()], EngineLimits(max_num_tokens=64, max_batch_size=4,
+                                                                       max_seq_len=64)))
+    assert len(launches) == 2

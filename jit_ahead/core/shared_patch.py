@@ -46,13 +46,24 @@ class SharedPatch(Generic[H]):
 
 
 def swap_in(owner: object, name: str, replacement: object, original: object) -> object:
-    """Put ``replacement`` at ``owner.name`` unless it is there; returns the original to keep: the attribute
-    it replaced, or ``original`` (what an earlier swap kept) when nothing was replaced."""
+    """Put ``replacement`` at ``owner.name``; returns the original to call from it: the attribute found the
+    first time (``original`` is what an earlier swap kept). Left alone where ``replacement`` is there, or
+    under a wrapper that names it (``__wrapped__``). Another wrapper set since an earlier swap is set aside,
+    not called: it may call ``replacement``, which would call it again."""
     current = getattr(owner, name)
-    if current is replacement:
+    if _reaches(current, replacement):
         return original
     setattr(owner, name, replacement)
-    return current
+    return current if original is None else original
+
+
+def _reaches(function: object, target: object) -> bool:
+    seen = 0
+    while function is not None and seen < 32:
+        if function is target:
+            return True
+        function, seen = getattr(function, "__wrapped__", None), seen + 1
+    return False
 
 
 def swap_out(owner: object, name: str, replacement: object, original: object) -> None:

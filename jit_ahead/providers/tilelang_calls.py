@@ -34,15 +34,16 @@ class TileLangTokenCalls(Provider):
         from ..tilelang.plan import planned_call
 
         warmup = warmup_token_counts(limits)
-        seen: dict[tuple, Priority] = {}
+        token_counts = sorted(range(1, limits.max_num_tokens + 1), key=lambda n: n not in warmup)  # warmup's first
+        seen: set[tuple] = set()
         for layer in layers:
-            for num_tokens in sorted(range(1, limits.max_num_tokens + 1), key=lambda n: n not in warmup):
+            for num_tokens in token_counts:
                 priority = Priority.WARMUP if num_tokens in warmup else Priority.BACKGROUND
                 for kernel, args, kwargs in self.calls(layer, num_tokens):
-                    form = (id(kernel), tuple(args), tuple(sorted(kwargs.items())))
+                    form = (id(kernel), repr(tuple(args)), repr(sorted(kwargs.items())))  # lists are arguments too
                     if form in seen:
                         continue
-                    seen[form] = priority
+                    seen.add(form)
                     label = f"{_name(kernel)}{tuple(args)} ({num_tokens} tokens)"
                     yield PlannedLaunch(priority, functools.partial(planned_call, kernel, *args, **kwargs), label)
 

@@ -42,14 +42,15 @@ def is_built(request: TileLangCompileRequest) -> bool:
 
 def build(request: TileLangCompileRequest) -> dict:
     import tvm
-    from tilelang.cache import _dispatch_map
+    from tilelang.cache import _resolve_cache_dispatch
 
     from .hook import cached_unhooked
     from .request import request_for
 
-    cache = _dispatch_map[request.execution_backend]
     func = tvm.ir.load_json(request.func_json)
     arguments = request.cached_arguments()
+    cache, _, _ = _resolve_cache_dispatch(arguments["target"], arguments["target_host"],
+                                          request.execution_backend, False)  # TileLang's own choice
     out_idx = list(request.out_idx) if isinstance(request.out_idx, tuple) else request.out_idx
     again = request_for(cache, func, out_idx, request.args, backend_context=None, **arguments)
     if again.key != request.key:

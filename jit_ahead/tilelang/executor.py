@@ -18,6 +18,9 @@ from .request import FAMILY
 
 log = logging.getLogger("jit_ahead.tilelang.executor")
 
+# TileLang's execution backends whose kernels its cache writes to disk and loads (torch's: no disk cache)
+CACHED_BACKENDS = ("tvm_ffi", "cython", "nvrtc", "cutedsl")
+
 
 class TileLangExecutor(ExecutorBase):
     """Handles the server's TileLang compiles for one pool."""
@@ -32,13 +35,17 @@ class TileLangExecutor(ExecutorBase):
     def on_compile(self, cache, describe, in_place):
         """The hook's handler. If handling the compile fails, TileLang compiles it in place (the hook logs
         why), unless ``refuse_fallback_if_strict`` refuses it."""
+        from tilelang import env
+
+        if not env.is_cache_enabled():  # nothing on disk to load (a helper's build would not be found)
+            return in_place()
         try:
             request = describe()
         except Exception as exc:
             refuse_fallback_if_strict(self.guard, self.stats.phase, "a TileLang compile", exc)
             raise
-        if request.key in cache._memory_cache:  # loaded in this process already: TileLang returns it
-            return in_place()
+        if request.execution_backend not in CACHED_BACKENDS or request.key in cache._memory_cache:
+            return in_place()  # a backend TileLang keeps no disk cache for, or a kernel it holds in memory
         try:
             return self._on_compile(request, in_place)
         except JitAfterReadyError:

@@ -32,8 +32,9 @@ SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.tilelang.build", workers_knob=
 
 
 class TileLangFamily(FamilyBase):
-    """TileLang kernels: no autotune groups or tuning tasks (TileLang's autotuner compiles through the
-    same cache, and its candidates are planned like any compile), and a planner needs nothing of its own."""
+    """TileLang kernels: no autotune groups or tuning tasks. TileLang's autotuner compiles its candidates in
+    threads of its own, outside any capture: they are not planned (the chosen kernel is, when a provider
+    plans the call with its config)."""
 
     name = FAMILY
 
@@ -64,6 +65,11 @@ class TileLangFamily(FamilyBase):
     def _remove_hooks(self) -> None:
         hook.release(self._handler)
         self.executor.recorder = None
+
+    def enter_planner(self) -> None:
+        """In a planner forked from the server: compiles outside captures are not the server's executor's
+        (its pool has no threads here); TileLang compiles them as it would alone."""
+        hook.forget_handler()
 
     def capture(self, target=None):
         return capture(target)

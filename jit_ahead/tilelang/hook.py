@@ -117,6 +117,11 @@ def release(handler: Handler | None = None) -> None:
     _patch.let_go(handler)
 
 
+def forget_handler() -> None:
+    """In a process forked from the server: its executor's handler stays behind (the patch stays held)."""
+    _patch.handler = None
+
+
 def cached_unhooked(cache, func, out_idx, *args, **options):
     """``KernelCache.cached`` as TileLang defines it: what a build itself calls."""
     method = _original_cached if _original_cached is not None else type(cache).cached

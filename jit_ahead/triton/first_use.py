@@ -8,6 +8,7 @@ call on to it. Imports nothing of jit_ahead's core.
 """
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 
@@ -16,6 +17,8 @@ from triton import knobs
 from . import compat
 
 _lock = threading.Lock()  # concurrent first misses: one starts the session, the others wait for it
+# set while the first miss is handed on: a hook put over this one that calls it must not loop back into it
+_handing_on: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_first_use", default=False)
 
 
 def arm(start: Callable[[], object]) -> Callable[[], None]:
@@ -24,6 +27,7 @@ def arm(start: Callable[[], object]) -> Callable[[], None]:
     previous = knobs.runtime.jit_cache_hook
     # Triton 3.6 cannot serialize some launches' specializations for any hook, this one included
     compat.patch_specialization_serializer()
+    fired = False
 
     def disarm() -> None:
         if knobs.runtime.jit_cache_hook is first_miss:
@@ -32,14 +36,22 @@ def arm(start: Callable[[], object]) -> Callable[[], None]:
                 compat.restore_specialization_serializer()
 
     def first_miss(**kwargs):
+        nonlocal fired
+        if _handing_on.get():
+            return None  # reached again through a hook over this one: the outer call hands the miss on
         with _lock:
-            if knobs.runtime.jit_cache_hook is first_miss:
+            if not fired:  # in the slot, or below a hook another tool put over it
+                fired = True
                 disarm()
                 start()  # never raises: a session that cannot start leaves the process without jit_ahead
-        hook = knobs.runtime.jit_cache_hook
+        hook = knobs.runtime.jit_cache_hook  # the session's, chaining what was there; else what was there
         if hook is None or hook is first_miss:
             return None
-        return hook(**kwargs)
+        token = _handing_on.set(True)
+        try:
+            return hook(**kwargs)
+        finally:
+            _handing_on.reset(token)
 
     knobs.runtime.jit_cache_hook = first_miss
     return disarm

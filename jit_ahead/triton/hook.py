@@ -25,32 +25,29 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_triton_cap
 MissHandler = Callable[..., None]
 
 _previous = None  # the hook that held Triton's slot before ours: called first
-_over_ours = None  # a hook another tool put in the slot over ours, which calls ours in turn
 # set while ours calls the previous hook: a hook over ours that chains ours must not loop back into it
 _calling_previous: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_triton_previous", default=False)
 
 
 def _put_in_slot() -> None:
-    global _previous, _over_ours
+    """Ours over whatever holds the slot (a hook put over ours that calls ours is no loop: see
+    ``_calling_previous``)."""
+    global _previous
     compat.patch_specialization_serializer()
     current = knobs.runtime.jit_cache_hook
-    if current is jit_cache_hook or (current is not None and current is _over_ours):
-        return  # ours is in the slot, or below the hook over it, which reaches it
-    _over_ours = None
-    _previous = current
-    knobs.runtime.jit_cache_hook = jit_cache_hook
+    if current is not jit_cache_hook:
+        _previous = current
+        knobs.runtime.jit_cache_hook = jit_cache_hook
 
 
 def _take_out_of_slot() -> None:
     """Give the slot back to the hook that had it; a hook installed over ours since keeps it (ours, left
-    chained below it, then only passes launches on, and a later session stays below it too)."""
-    global _previous, _over_ours
+    chained below it, then only passes launches on)."""
+    global _previous
     if knobs.runtime.jit_cache_hook is jit_cache_hook:
         knobs.runtime.jit_cache_hook = _previous
         _previous = None
         compat.restore_specialization_serializer()
-    else:
-        _over_ours = knobs.runtime.jit_cache_hook
 
 
 _patch: SharedPatch[MissHandler] = SharedPatch(_put_in_slot, _take_out_of_slot)

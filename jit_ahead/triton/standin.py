@@ -177,7 +177,9 @@ def ensure_driver(target: GPUTarget | None = None) -> GPUTarget:
     if real_driver_available():
         return triton.runtime.driver.active.get_current_target()
     wanted = target or default_target()
-    _stand_in_for(wanted)
+    with _hold_lock:
+        _stand_in_for(wanted)
+        _before_hold.clear()  # held or not, this stand-in is the process's now: the last hold leaves it
     return wanted
 
 
@@ -199,8 +201,8 @@ def driver_for(target: GPUTarget | None = None) -> Iterator[GPUTarget]:
         return
     wanted = target or default_target()
     with _hold_lock:
+        replaced = _stand_in_for(wanted)  # raises for a target it cannot show: nothing held then
         _holders += 1
-        replaced = _stand_in_for(wanted)
         if replaced is not None:
             _before_hold.append(replaced)
     try:
