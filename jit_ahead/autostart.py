@@ -134,7 +134,7 @@ def _defer(infos) -> None:
     import atexit
 
     from .core import knobs
-    from .core.say import say
+    from .core.say import family_helpers, on_line, say
     from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
     from .registry import workers_knob
 
@@ -147,15 +147,11 @@ def _defer(infos) -> None:
             start_session()
             return
         deferred.disarms.append(disarm)
-    families = []
-    for info in infos:
-        workers = knobs.worker_count(workers_knob(info.name), quiet=True)  # said when the pool reads it
-        families.append(f"{info.name} with " + (f"{workers} helper{'s' if workers != 1 else ''}" if workers
-                                                 else "no helpers (misses build in place)"))
+    # the counts as the pools will read them; a bad or capped value is said then, once
+    families = ", ".join(family_helpers(info.name, knobs.worker_count(workers_knob(info.name), quiet=True))
+                         for info in infos)
     stats = stats_log_path(os.environ.get(STATS_KNOB))
-    say(f"jit_ahead on (JIT_AHEAD=1): {', '.join(families)}, from the first compile; serving is assumed "
-        + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
-        + (f"; stats log {stats.absolute()}" if stats is not None else ""))
+    say(on_line(f"{families}, from the first compile", warmup_s, stats.absolute() if stats is not None else None))
     deferred.said = True
     atexit.register(_summary_if_never_started)
 
@@ -235,6 +231,7 @@ def _start_session():
             disarm()
     try:
         from .core import knobs
+        from .core.say import on_line
         from .core.session import current, say, start
 
         if current() is not None:
@@ -257,9 +254,7 @@ def _start_session():
             session.add_serving_listener(timer.cancel)
         if deferred is not None:
             return session
-        say(f"jit_ahead on (JIT_AHEAD=1): {session.describe()}; serving is assumed "
-            + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
-            + (f"; stats log {session.stats_log.path}" if session.stats_log is not None else ""))
+        say(on_line(session.describe(), warmup_s, session.stats_log.path if session.stats_log is not None else None))
         return session
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")

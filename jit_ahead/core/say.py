@@ -30,3 +30,16 @@ def _logging_shows_info(logger: logging.Logger) -> bool:
             return False
         current = current.parent
     return False
+
+
+def family_helpers(name: str, workers: int) -> str:
+    """A family and its helper count, as the start line names them."""
+    return f"{name} with " + (f"{workers} helper{'s' if workers != 1 else ''}" if workers
+                              else "no helpers (misses build in place)")
+
+
+def on_line(families: str, warmup_s: float, stats_log) -> str:
+    """The line that says ``JIT_AHEAD=1`` took effect: the families, when serving is assumed, the stats log."""
+    return (f"jit_ahead on (JIT_AHEAD=1): {families}; serving is assumed "
+            + (f"{warmup_s:.0f}s after start" if warmup_s > 0 else "only when the engine says so (JIT_AHEAD_WARMUP_S=0)")
+            + (f"; stats log {stats_log}" if stats_log is not None else ""))

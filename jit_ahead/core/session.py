@@ -13,7 +13,7 @@ from .. import registry
 from . import device_view, events, knobs
 from .limits import EngineLimits
 from .priority import Priority
-from .say import say
+from .say import family_helpers, say
 from .stats import Stats
 from .stats_log import open_stats_log
 
@@ -203,13 +203,8 @@ class Session:
 
     def describe(self) -> str:
         """The families and their helpers, for the start-up line."""
-        parts = []
-        for name, family in self.families.items():
-            pool = family.pool
-            helpers = (f"{pool.workers} helper{'s' if pool.workers != 1 else ''}" if pool.workers
-                       else "no helpers (misses build in place)")
-            parts.append(f"{name} with {helpers}")
-        return ", ".join(parts) or "no family available"
+        return ", ".join(family_helpers(name, family.pool.workers)
+                         for name, family in self.families.items()) or "no family available"
 
     def _count(self, record: dict) -> None:
         event = record["event"]
