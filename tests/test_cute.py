@@ -215,13 +215,16 @@ def test_the_server_loads_what_helpers_built_and_compiles_only_what_it_cannot_de
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert out["planned_type"] == "PlannedCompile" and out["after_planning"] == []
-    # The server compiled only the call it could not describe (a kernel defined in a function).
-    assert out["compiles"] == ["compile_add_locally.<locals>.add_local"]
-    assert out["same"] and out["served_params"] == out["original_params"]
-    assert out["unplanned_loaded"] and out["local_type"] != "PlannedCompile"
     kernel = "tests.kernels.cute_add.add"
     # The second call of the planned variant is an in-memory hit: no miss.
     (first, disk), (ffi, ffi_disk), (second, obtained), (third, unsupported) = out["misses"]
+    # The server compiled only the call it could not describe (a kernel defined in a function), and the
+    # unplanned variant when it built that one in place itself (the helpers' own build, run here) rather
+    # than waiting for the helper: which of the two it does depends on the helper's load at that moment.
+    in_place = ["add"] if obtained == "built_here" else []
+    assert out["compiles"] == in_place + ["compile_add_locally.<locals>.add_local"]
+    assert out["same"] and out["served_params"] == out["original_params"]
+    assert out["unplanned_loaded"] and out["local_type"] != "PlannedCompile"
     assert (first, disk) == (ffi, ffi_disk) == (kernel, "disk")
     assert out["ffi_type"] == "tvm_ffi.core.Function"  # loaded through TVM FFI, as it was compiled
     assert second == kernel and obtained in ("built_here", "ready")
