@@ -86,3 +86,30 @@ class PlainHybrid(torch.nn.Module):
 def plain_hybrid(**settings) -> PlainHybrid:
     with torch.device("meta"):
         return PlainHybrid(**settings).to(torch.bfloat16).eval()
+
+
+def qwen3_next_liger(layers: int = 4, hidden: int = 512):
+    """transformers' Qwen3-Next (gated DeltaNet through fla, gated attention, a sparse MoE block in every
+    layer) with Liger's RMSNorm and SwiGLU patched in: a MoE hybrid no provider knows by class."""
+    from liger_kernel.transformers.monkey_patch import apply_liger_kernel_to_qwen3_next
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    apply_liger_kernel_to_qwen3_next(rope=False, rms_norm=True, swiglu=True)
+    config = Qwen3NextConfig(hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
+                             shared_expert_intermediate_size=hidden // 2, num_experts=8, num_experts_per_tok=2,
+                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+                             linear_value_head_dim=64, vocab_size=1024, max_position_embeddings=32768,
+                             layer_types=[("full_attention" if i % 4 == 3 else "linear_attention")
+                                          for i in range(layers)])
+    with torch.device("meta"):
+        return Qwen3NextForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def fla_kda(layers: int = 2, hidden: int = 256):
+    """fla's Kimi Delta Attention model (KDA layers, fla's norms and gated MLP)."""
+    from fla.models import KDAConfig, KDAForCausalLM
+
+    config = KDAConfig(hidden_size=hidden, num_hidden_layers=layers, num_heads=2, head_dim=64, vocab_size=1024)
+    with torch.device("meta"):
+        return KDAForCausalLM(config).to(torch.bfloat16).eval()

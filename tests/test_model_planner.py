@@ -1,5 +1,6 @@
 """The model-level planner: models no provider knows by class are planned through their own forward;
 what a real call makes at random shapes across the whole limits was planned."""
+import dataclasses
 import random
 
 import pytest
@@ -197,7 +198,8 @@ def test_large_batches_and_decodes_past_one_prefill_are_planned():
     model = any_models.plain_hybrid(layers=2)
     limits = EngineLimits(max_num_tokens=128, max_batch_size=32, max_seq_len=48, cuda_graph_batch_sizes=(1, 32))
     planned, sites = plan(model, limits)
-    labels = [launch.label for launch in ModelProvider().launches(sites["model"], limits)]
+    every_shape = dataclasses.replace(limits, extra={"shape_classes": False})
+    labels = [launch.label for launch in ModelProvider().launches(sites["model"], every_shape)]
     assert "PlainHybrid decode B=32 cache=47" in labels
     shapes = [(b, rng.randint(1, max(1, 128 // b)), rng.randint(0, 2)) for b in rng.sample(range(2, 33), 6)]
     shapes.append((32, 1, 1))

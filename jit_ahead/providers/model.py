@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
+from . import shape_classes
 from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
 from .device_gates import meta_stands_for_the_gpu
 from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
@@ -330,10 +332,13 @@ class ModelProvider(Provider):
 
     name = "model"
     library = "torch"
-    extra_limits = {"model_planner": "plan the model's own forward beyond what providers claim; default True"}
+    extra_limits = {"model_planner": "plan the model's own forward beyond what providers claim; default True",
+                    "shape_classes": "plan a few calls per shape class instead of every shape; default True"}
     sees_claims = True
     modules = ()
     _stop: Callable[[], bool] = staticmethod(lambda: False)
+    # calls made to find shape classes, by site label: what planning costs beside the calls it plans
+    sampled: dict[str, int]
 
     def find_layers(self, model, claims: Claims = Claims(), limits: EngineLimits = EngineLimits(),
                     stop: Callable[[], bool] = lambda: False) -> list:
@@ -402,8 +407,12 @@ class ModelProvider(Provider):
         return [ModelSite(forwards, padded, len(stand_ins), type(model).__name__, positions)]
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
+        self.sampled = {}
         for site in layers:
-            yield from _sweep(site, limits)
+            classified = None
+            if limits.extra.get("shape_classes", True):
+                classified = _classified(site, limits, self._stop, self.sampled)
+            yield from (_sweep(site, limits) if classified is None else classified)
 
     # -- checks -------------------------------------------------------------------------------------------
     def _replica(self, model, stand_ins: list, plans: dict) -> MetaCaller:
@@ -540,12 +549,108 @@ def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
             yield batch, tokens
 
 
+def _warmup_priority(limits: EngineLimits, batch: int, tokens: int) -> Priority:
+    return Priority.WARMUP if is_warmup_shape(limits, batch, tokens) or (
+        tokens == 1 and batch in set(limits.cuda_graph_batch_sizes)) else Priority.BACKGROUND
+
+
+# -- shape classes: a few calls instead of every shape --------------------------------------------------------
+def spaces(limits: EngineLimits, convention: Convention, cached: bool) -> list[shape_classes.Space]:
+    """The prefill shapes (batch, tokens) and the decode steps (batch, cache length) a convention takes:
+    padded batches have two rows or more and decode only on the cache a prefill left."""
+    low = 2 if convention.padded else 1
+    found = [shape_classes.Space("prefill", low, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)]
+    if cached and limits.max_seq_len > 1:
+        found.append(shape_classes.Space("decode", low, limits.max_batch_size, limits.max_seq_len - 1,
+                                         limits.max_num_tokens if convention.padded else None))
+    return found
+
+
+def traced_call(forwards: Forwards, point: tuple[int, int], limits: EngineLimits, convention: Convention) -> dict:
+    """The launches one request makes at ``point``, by space: a prefill of (batch, tokens) and the decode
+    step on its cache; a point past what one prefill holds is a decode step on a cache filled unseen."""
+    from ..triton import capture
+    from ..triton.launch_trace import trace
+
+    batch, tokens = point
+    found: dict = {}
+    prefill = spaces(limits, convention, forwards.cached)[0]
+
+    def run() -> None:
+        mask = left_padded_mask(batch, tokens) if convention.padded else None
+        with trace() as launches:
+            cache = forwards.prefill(batch, tokens, mask, convention.positions)
+        found["prefill"] = launches
+        if cache is not None and forwards.cached and tokens < limits.max_seq_len:
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            with trace() as launches:
+                forwards.extend(cache, batch, 1, mask, convention.positions)
+            found["decode"] = launches
+
+    def run_decode() -> None:
+        with capture():  # the filling prefill is not part of the decode step
+            cache = forwards.prefill(batch, tokens, positions=convention.positions)
+        with trace() as launches:
+            forwards.extend(cache, batch, 1, positions=convention.positions)
+        found["decode"] = launches
+
+    with capture():
+        if prefill.contains(point):
+            with_host_indices_if_needed(run, convention.padded)
+        else:
+            run_decode()
+    return found
+
+
+def _classified(site: ModelSite, limits: EngineLimits, stop: Callable[[], bool],
+                sampled: dict[str, int]) -> Iterator[PlannedLaunch] | None:
+    """The launches of the points that reach every shape class, per convention; None (with one line)
+    where a value follows no form the classes know: then every shape is planned."""
+    forwards = site.forwards
+    seed = random.SystemRandom().randrange(1 << 32)
+    chosen = []
+    for convention in site.conventions:
+        owned = spaces(limits, convention, forwards.cached)
+        try:
+            found = shape_classes.classify(owned, lambda p, c=convention: traced_call(forwards, p, limits, c),
+                                           seed=seed, stop=stop)
+        except shape_classes.Unexplained as exc:
+            log.warning("model planner: %s%s is planned at every shape (%s); shape classes seed %d",
+                        site.label, _label(convention), exc, seed)
+            return None
+        sampled[site.label + _label(convention)] = found.calls
+        prefill = owned[0]
+        points = list(found.points.get("prefill", []))
+        for point in found.points.get("decode", []):
+            if point not in points:
+                points.append(point)
+        log.info("model planner: %s%s: %d calls reach every shape class (%d sampled, %d checked at random; "
+                 "seed %d)", site.label, _label(convention), len(points), found.calls, found.checked, seed)
+        chosen.append((convention, prefill, points))
+    return _class_launches(site, limits, chosen)
+
+
+def _class_launches(site: ModelSite, limits: EngineLimits, chosen: list) -> Iterator[PlannedLaunch]:
+    forwards, longest = site.forwards, limits.max_seq_len
+    warm = [(1, min(limits.max_num_tokens, limits.max_seq_len))] + [(b, 1) for b in limits.cuda_graph_batch_sizes
+                                                                     if 1 <= b <= limits.max_batch_size]
+    for convention, prefill, points in chosen:
+        for batch, tokens in dict.fromkeys([p for p in warm if prefill.contains(p)] + points):
+            label = f"{site.label} B={batch} T={tokens}{_label(convention)}"
+            if prefill.contains((batch, tokens)):
+                yield PlannedLaunch(_warmup_priority(limits, batch, tokens),
+                                    lambda b=batch, t=tokens, c=convention: request(forwards, b, t, longest, c), label)
+            else:
+                yield PlannedLaunch(Priority.BACKGROUND,
+                                    lambda b=batch, n=tokens, p=convention.positions: long_decode(forwards, b, n, p),
+                                    f"{site.label} decode B={batch} cache={tokens}{_label(convention)}")
+
+
 def _sweep(site: ModelSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
     forwards, longest = site.forwards, limits.max_seq_len
-    graphs = set(limits.cuda_graph_batch_sizes)
     for batch, tokens in prefill_shapes(limits):
-        priority = Priority.WARMUP if is_warmup_shape(limits, batch, tokens) or (
-            tokens == 1 and batch in graphs) else Priority.BACKGROUND
+        priority = _warmup_priority(limits, batch, tokens)
         for convention in site.conventions:
             if convention.padded and batch == 1:  # one row is never padded
                 continue

@@ -85,6 +85,8 @@ class Capture:
         self._tuning: dict[tuple, tuning.TuningTask] = {}  # (autotuner, tuning key) -> first task met
         self.launches = 0
         self.seconds = 0.0
+        # repeats of an autotuned launch are skipped; a launch trace (launch_trace.py) sees every launch
+        self.skip_autotune_repeats = True
 
     def record(self, *, fn, compile: dict) -> None:
         request = request_from_hook(fn, compile, self._env)
@@ -99,6 +101,8 @@ class Capture:
             group.append(request.predicted_hash)
 
     def seen_autotune(self, repeat_key) -> bool:
+        if not self.skip_autotune_repeats:
+            return False
         with self._lock:
             seen = repeat_key in self._autotuned
             self.autotune_repeats += seen

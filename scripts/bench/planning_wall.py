@@ -14,7 +14,7 @@ the two alternating, so that a change is measured as a ratio on one machine in o
         [--limits 8192,16,4096] [--planners 1,2,4,8,15] [--repeat 1] [--baseline DIR]
 
 Models: the demo models (gated-deltanet, qwen3-liger, qwen35-hybrid) and the model planner's test models
-(olmo-hybrid, plain-hybrid); a name ending in ``/model-only`` plans it with the model-level planner alone
+(olmo-hybrid, plain-hybrid, qwen3-next-liger: a MoE hybrid, fla-kda); a name ending in ``/model-only`` plans it with the model-level planner alone
 (no library provider), to compare with the providers' path.
 """
 from __future__ import annotations
@@ -32,14 +32,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from first_build import run_child, tree, versions  # noqa: E402
 
 
+TEST_MODELS = {"olmo-hybrid": "olmo_hybrid", "plain-hybrid": "plain_hybrid", "qwen3-next-liger": "qwen3_next_liger",
+               "fla-kda": "fla_kda"}
+
+
 def build(name: str):
     from jit_ahead import demo_models
 
-    if name in ("olmo-hybrid", "plain-hybrid"):
+    if name in TEST_MODELS:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
         from tests import any_models
 
-        return any_models.olmo_hybrid() if name == "olmo-hybrid" else any_models.plain_hybrid()
+        return getattr(any_models, TEST_MODELS[name])()
     return demo_models.MODELS[name](device="meta", layers=4)
 
 

@@ -1,0 +1,211 @@
+"""Planning whose cost does not grow with the limits: the model planner calls a few points per shape class
+(``providers/shape_classes.py``) and plans exactly what calling every shape plans; at the limits engines use,
+random real calls (a new seed each run) launch nothing it did not plan."""
+import dataclasses
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from jit_ahead import demo_models
+from jit_ahead.core.limits import EngineLimits
+from jit_ahead.providers import shape_classes
+from jit_ahead.providers.base import Claims
+from jit_ahead.providers.device_gates import meta_stands_for_the_gpu
+from jit_ahead.providers.meta import MetaCaller, meta_reads_answered
+from jit_ahead.providers.model import ModelProvider, _sweep, left_padded_mask
+from jit_ahead.providers.shape_classes import Interval, Poly, Select, SiteModel, SlotModel, Space, Step
+from jit_ahead.triton import capture
+
+from . import any_models
+
+ENGINE = EngineLimits(max_num_tokens=32768, max_batch_size=256, max_seq_len=32768,
+                      cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+
+
+def model_plan(model, limits):
+    """The model planner alone (no library provider), its launches run as planners run them."""
+    provider = ModelProvider()
+    sites = provider.find_layers(model, Claims(), limits)
+    launches = list(provider.launches(sites, limits))
+    with capture() as planned:
+        for launch in launches:
+            launch.run()
+    return {r.predicted_hash: r.name for r in planned.requests}, launches, provider, sites
+
+
+def every_shape(limits):
+    return dataclasses.replace(limits, extra={**limits.extra, "shape_classes": False})
+
+
+# -- the same plan as every shape ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["qwen35-hybrid", "qwen3-liger"])
+def test_shape_classes_plan_exactly_what_every_shape_plans(name):
+    model = {"qwen35-hybrid": lambda: demo_models.qwen35_hybrid(hidden=256),
+             "qwen3-liger": lambda: demo_models.liger_qwen3(layers=2)}[name]()
+    limits = EngineLimits(max_num_tokens=320, max_batch_size=6, max_seq_len=300, cuda_graph_batch_sizes=(1, 2, 4))
+    classes, few, provider, _ = model_plan(model, limits)
+    shapes, all_launches, _, _ = model_plan(model, every_shape(limits))
+    assert sorted(classes.values()) == sorted(shapes.values()) and set(classes) == set(shapes)
+    # far fewer calls, the sampling included
+    assert len(few) + sum(provider.sampled.values()) < len(all_launches) / 3
+
+
+# -- random real calls at the limits engines use -------------------------------------------------------------
+@torch.no_grad()
+def _served(model, batch, prompt, decode, padded, rng):
+    """What a transformers server calls: a prefill (left-padded with a mask when ``padded``) with the
+    model's cache and ``decode`` steps on it; returns the requests of the steps that are within the
+    limits (a long decode's filling prefill is how the cache got there, not a request)."""
+    caller = MetaCaller(model, inference=True)
+    ids = lambda b, t: torch.empty(b, t, dtype=torch.long, device="meta")  # noqa: E731
+    keyword = "cache" if "cache" in caller.replica.forward.__code__.co_varnames else "past_key_values"
+    mask = None
+    if padded:
+        mask = torch.ones(batch, prompt, dtype=torch.long)
+        for row in range(1, batch):
+            mask[row, : rng.randint(0, prompt - 1)] = 0
+    with meta_reads_answered(), meta_stands_for_the_gpu():
+        with capture() as filling:
+            extra = {} if mask is None else {"attention_mask": mask}
+            out = caller(input_ids=ids(batch, prompt), use_cache=True, **extra)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        with capture() as steps:
+            for _ in range(decode):
+                if mask is not None:
+                    mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+                extra = {} if mask is None else {"attention_mask": mask}
+                out = caller(input_ids=ids(batch, 1), use_cache=True, **{keyword: cache}, **extra)
+                cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+    return filling.requests, steps.requests
+
+
+def _check_random_calls(model, limits, planned, count, padded):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    missed = []
+    for i in range(count):
+        batch = rng.randint(2 if padded and i % 3 == 0 else 1, limits.max_batch_size)
+        longest = max(1, min(limits.max_seq_len - 4, limits.max_num_tokens // batch))
+        long_decode = i % 4 == 3
+        if long_decode:  # a cache grown by decoding beyond what one prefill of this batch holds
+            prompt = rng.randint(longest, limits.max_seq_len - 2)
+        else:
+            prompt = rng.randint(max(1, longest // 2), longest) if i % 2 else rng.randint(1, longest)
+        with_mask = padded and i % 3 == 0 and batch > 1 and prompt > 1 and not long_decode
+        filling, steps = _served(model, batch, prompt, rng.randint(1, 2), with_mask, rng)
+        requests = steps if long_decode else filling + steps
+        new = sorted({r.name for r in requests if r.predicted_hash not in planned})
+        if new:
+            missed.append(((batch, prompt, "padded" if with_mask else "", "long decode" if long_decode else ""), new))
+    assert missed == [], f"seed {seed}: {missed}"
+
+
+@pytest.mark.parametrize("name", ["qwen35-hybrid", "qwen3-next-liger", "fla-kda"])
+def test_random_calls_at_engine_limits_launch_only_planned_variants(name, caplog):
+    caplog.set_level(logging.INFO, logger="jit_ahead.providers.model")
+    model = {"qwen35-hybrid": lambda: demo_models.qwen35_hybrid(hidden=256),
+             "qwen3-next-liger": any_models.qwen3_next_liger,
+             "fla-kda": any_models.fla_kda}[name]()
+    planned, launches, provider, sites = model_plan(model, ENGINE)
+    assert "is planned at every shape" not in caplog.text  # every value was explained
+    assert len(launches) < 1000
+    _check_random_calls(model, ENGINE, planned, 10, padded=sites[0].padded)
+
+
+# -- cost ----------------------------------------------------------------------------------------------------
+def test_planning_calls_do_not_grow_with_the_token_and_length_limits():
+    model = demo_models.qwen35_hybrid(hidden=256)
+    counts, sweeps = {}, {}
+    for tokens in (8192, 32768):
+        limits = EngineLimits(max_num_tokens=tokens, max_batch_size=64, max_seq_len=tokens,
+                              cuda_graph_batch_sizes=(1, 2, 4, 8))
+        provider = ModelProvider()
+        sites = provider.find_layers(model, Claims(), limits)
+        launches = list(provider.launches(sites, limits))
+        counts[tokens] = len(launches) + sum(provider.sampled.values())
+        sweeps[tokens] = sum(1 for _ in _sweep(sites[0], limits))
+    assert sweeps[32768] > 3 * sweeps[8192]  # every shape: the calls grow with the limits
+    assert counts[32768] <= 1.25 * counts[8192] + 20, counts  # shape classes: they do not
+
+
+# -- values no form explains: every shape, as before ---------------------------------------------------------
+@triton.jit
+def _scrambled_kernel(x_ptr, n, SCRAMBLED: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, 16), tl.zeros((16,), tl.float32) + SCRAMBLED + n)
+
+
+class Scrambled(torch.nn.Module):
+    """A model whose one kernel takes a constexpr no shape form explains: (tokens squared) mod 7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 16)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids).float()
+        tokens = input_ids.shape[1]
+        _scrambled_kernel[(1,)](x, x.numel(), SCRAMBLED=(tokens * tokens) % 7)
+        return x
+
+
+def test_a_value_no_form_explains_plans_every_shape_with_one_line(caplog):
+    caplog.set_level(logging.INFO, logger="jit_ahead.providers.model")
+    with torch.device("meta"):
+        model = Scrambled().eval()
+    limits = EngineLimits(max_num_tokens=64, max_batch_size=2, max_seq_len=64)
+    classes, launches, _, _ = model_plan(model, limits)
+    shapes, _, _, _ = model_plan(model, every_shape(limits))
+    lines = [r.getMessage() for r in caplog.records if "is planned at every shape" in r.getMessage()]
+    assert len(lines) == 1 and "SCRAMBLED" in lines[0], lines
+    assert set(classes) == set(shapes) and len(classes) == 4  # the squares mod 7: 0, 1, 2 and 4
+
+
+# -- the cover reaches every class of a space ----------------------------------------------------------------
+def _random_form(rng, polys):
+    u = rng.choice(["n", "b", "bn"])
+    kind = rng.randrange(5)
+    if kind == 0:
+        return Poly((rng.randint(-3, 40), rng.randint(-2, 5), rng.randint(0, 9), rng.randint(0, 3))), "int"
+    if kind == 1:
+        return Step(u if rng.random() < 0.7 or not polys else rng.choice(polys), rng.choice(["pow2", "cdiv", "div"]),
+                    rng.choice([2, 16, 64]), rng.choice([None, 1, 16]), rng.choice([None, 64, 128, 1024])), "exact"
+    if kind == 2:
+        return Interval(u, rng.choice([None, 1, 16, 64]), rng.choice([None, 100, 300])), "exact"
+    if kind == 3:
+        return Select(u, rng.choice([1, 2, 64]), Poly((rng.randint(0, 2048), 0, 0, 0)),
+                      Poly((0, rng.randint(0, 3), rng.randint(0, 64), 0))), "ptr"
+    return Poly((rng.randint(-40, 40), rng.randint(-3, 3), rng.randint(-3, 3), rng.randint(-1, 1))), "int"
+
+
+def test_cover_reaches_every_class_the_models_give_anywhere_in_the_space():
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    for trial in range(25):
+        space = Space("prefill", rng.choice([1, 2]), rng.randint(3, 24), rng.randint(50, 700),
+                      rng.choice([None, rng.randint(100, 3000)]))
+        models = []
+        for index in range(rng.randint(1, 5)):
+            polys, slots = [], []
+            for slot in range(rng.randint(1, 3)):
+                form, classed = _random_form(rng, polys)
+                if isinstance(form, Poly):
+                    polys.append(form)
+                slots.append(SlotModel(f"s{slot}", form, classed))
+            presence = rng.choice([shape_classes.Const(1), _random_form(rng, [])[0]])
+            if not isinstance(presence, Interval):
+                presence = shape_classes.Const(1)
+            models.append(SiteModel(("k", (), index), presence, tuple(slots)))
+        b = np.array([x for x in range(space.batch_min, space.batch_max + 1) for _ in range(space.n_max(x))])
+        n = np.array([m for x in range(space.batch_min, space.batch_max + 1) for m in range(1, space.n_max(x) + 1)])
+        points = shape_classes.cover(space, models)
+        pb = np.array([p[0] for p in points])
+        pn = np.array([p[1] for p in points])
+        for model in models:
+            everywhere = model.classes(np.concatenate([b, pb]), np.concatenate([n, pn]))
+            reached = set(everywhere[len(b):].tolist()) - {-1}
+            assert set(everywhere[: len(b)].tolist()) - {-1} == reached, f"seed {seed}, trial {trial}: {model}"
