@@ -209,3 +209,41 @@ def test_cover_reaches_every_class_the_models_give_anywhere_in_the_space():
             everywhere = model.classes(np.concatenate([b, pb]), np.concatenate([n, pn]))
             reached = set(everywhere[len(b):].tolist()) - {-1}
             assert set(everywhere[: len(b)].tolist()) - {-1} == reached, f"seed {seed}, trial {trial}: {model}"
+
+
+# -- the search's calls in forked children -------------------------------------------------------------------
+def _square_unless_told(item):
+    """In a forked child: die (SIGKILL) or hang (SIGSTOP) on the items that say so; in this thread, answer."""
+    import os
+    import signal
+
+    from jit_ahead.core import planners
+
+    kind, value = item
+    if planners.in_planner() and kind != "ok":
+        os.kill(os.getpid(), signal.SIGKILL if kind == "die" else signal.SIGSTOP)
+    return value * value, os.getpid()
+
+
+def test_forked_calls_answer_every_item_even_when_a_child_dies_or_hangs():
+    import os
+
+    from jit_ahead.core import forked_calls
+
+    items = [("ok", 1), ("ok", 2), ("die", 3), ("ok", 4), ("ok", 5), ("hang", 6)]
+    results = forked_calls.call_all(_square_unless_told, items, workers=3, timeout=5.0)
+    assert [r[0] for r in results] == [1, 4, 9, 16, 25, 36]
+    # the shares of the dead and the silent child ran here; the healthy child's share did not
+    here = {value for (_, value), (_, pid) in zip(items, results) if pid == os.getpid()}
+    assert {3, 6} <= here and len(here) < len(items)
+
+
+def test_the_search_run_in_forked_children_picks_what_it_picks_in_this_thread(monkeypatch):
+    model = demo_models.qwen35_hybrid(hidden=256)
+    limits = EngineLimits(max_num_tokens=2048, max_batch_size=8, max_seq_len=2048, cuda_graph_batch_sizes=(1, 2))
+    planned = {}
+    for workers in ("0", "3"):
+        monkeypatch.setenv("JIT_AHEAD_PLANNERS", workers)
+        found, launches, provider, _ = model_plan(model, limits)
+        planned[workers] = set(found)
+    assert planned["0"] == planned["3"]

@@ -19,6 +19,7 @@ on; the others exit after their chunk.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import functools
 import logging
@@ -56,6 +57,18 @@ _in_planner = False
 def in_planner() -> bool:
     """True in a planner process: no thread of the server runs here (process-wide memos are safe)."""
     return _in_planner
+
+
+def mark_planner() -> None:
+    """In a process just forked from the planning thread: it is a planner from now on."""
+    global _in_planner
+    _in_planner = True
+
+
+# what a process forked from the planning thread runs first (the session's device view, its families'
+# set-up): set by the planning run while providers list their launches, for the processes they fork
+planner_entry: contextvars.ContextVar[Callable[[], None]] = contextvars.ContextVar("jit_ahead_planner_entry",
+                                                                                  default=lambda: None)
 
 
 @dataclass(frozen=True)
@@ -454,8 +467,7 @@ def _fork_planner(groups, chunks, families, board: _Board, slot: int, enter: Cal
     board.reset(slot)
     pid = fork_quietly()
     if pid == 0:  # the planner
-        global _in_planner
-        _in_planner = True
+        mark_planner()
         code = 0
         try:
             os.close(read_fd)

@@ -23,7 +23,7 @@ from filelock import FileLock, Timeout
 from . import events
 from .limits import EngineLimits
 from .plan_cache import PlanStore, SavedPlan, plan_key
-from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, run_in_thread
+from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, planner_entry, run_in_thread
 from .priority import Priority
 
 log = logging.getLogger("jit_ahead.planning")
@@ -233,6 +233,7 @@ class PlanningRun(Sink):
 
         groups: dict[tuple[Priority, str, int], list] = defaultdict(list)
         claims = Claims()
+        planner_entry.set(self._enter_planner)  # for the processes providers fork (planning thread only)
         ordered = sorted(enumerate(self._providers), key=lambda ip: ip[1].sees_claims)
         for index, provider in ordered:
             if self._cancelled.is_set():

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core import forked_calls, knobs
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from . import shape_classes
+from . import meta_shortcuts, shape_classes
 from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
 from .device_gates import meta_stands_for_the_gpu
 from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
@@ -612,9 +613,14 @@ def _classified(site: ModelSite, limits: EngineLimits, stop: Callable[[], bool],
     chosen = []
     for convention in site.conventions:
         owned = spaces(limits, convention, forwards.cached)
+        def sample(point, c=convention):
+            return traced_call(forwards, point, limits, c)
+
         try:
-            found = shape_classes.classify(owned, lambda p, c=convention: traced_call(forwards, p, limits, c),
-                                           seed=seed, stop=stop)
+            found = shape_classes.classify(
+                owned, sample, seed=seed, stop=stop,
+                sample_all=lambda points: forked_calls.call_all(sample, points, knobs.planner_count(),
+                                                                enter=meta_shortcuts.install))
         except shape_classes.Unexplained as exc:
             log.warning("model planner: %s%s is planned at every shape (%s); shape classes seed %d",
                         site.label, _label(convention), exc, seed)

@@ -728,48 +728,48 @@ def _site_agrees(model: SiteModel, point: Point, values: dict | None) -> str | N
 
 
 def classify(spaces: list[Space], sample: Callable[[Point], dict[str, list]], *, seed: int,
-             checks: int = 6, rounds: int = 40, stop: Callable[[], bool] = lambda: False) -> Classified:
+             checks: int = 6, rounds: int = 40, stop: Callable[[], bool] = lambda: False,
+             sample_all: Callable[[list[Point]], list[dict[str, list]]] | None = None) -> Classified:
     """Explain every site of every space from calls at a few points and return the points that reach every
     class. ``sample(point)`` calls at ``point`` and returns, per space name, the traced launches that call
-    made in that space (a prefill point also gives the decode step on its cache). Raises Unexplained with
-    the reason when a value has no explanation or a random check contradicts one."""
+    made in that space (a prefill point also gives the decode step on its cache); ``sample_all(points)``,
+    when given, makes a batch of such calls at once (in other processes). Raises Unexplained with the reason
+    when a value has no explanation or a random check contradicts one."""
     rng = random.Random(seed)
     spaces = [s for s in spaces if not s.empty]
     observations = {s.name: Observations() for s in spaces}
     by_name = {s.name: s for s in spaces}
     calls = 0
+    sample_all = sample_all or (lambda points: [sample(p) for p in points])
 
-    def call(point: Point) -> None:
+    def call(points: list[Point]) -> None:
         nonlocal calls
-        calls += 1
-        for name, launches in sample(point).items():
-            if name in observations and by_name[name].contains(point):
-                observations[name].add(point, launches)
+        points = [p for p in dict.fromkeys(points)
+                  if not all(p in observations[s.name].points for s in spaces if s.contains(p))]
+        if stop():
+            raise Unexplained("planning was cancelled")
+        calls += len(points)
+        for point, found in zip(points, sample_all(points)):
+            for name, launches in found.items():
+                if name in observations and by_name[name].contains(point):
+                    observations[name].add(point, launches)
 
     pools = {s.name: s.random_points(400, rng) for s in spaces}
-    for space in spaces:
-        for point in space.start_points():
-            if point not in observations[space.name].points:
-                if stop():
-                    raise Unexplained("planning was cancelled")
-                call(point)
+    call([p for space in spaces for p in space.start_points()])
     checked = 0
     known = {s.name: {} for s in spaces}
     for _ in range(rounds):
         fits = {s.name: fit(observations[s.name], s, pools[s.name], known[s.name]) for s in spaces}
-        asks = [(name, p) for name, f in fits.items() for p in f.asks if p not in observations[name].points]
+        asks = [p for name, f in fits.items() for p in f.asks if p not in observations[name].points]
         if asks:
-            for _, point in dict.fromkeys(asks):
-                if stop():
-                    raise Unexplained("planning was cancelled")
-                call(point)
+            call(asks)
             continue
+        drawn = {s.name: [p for p in s.random_points(checks, rng) if p not in observations[s.name].points]
+                 for s in spaces}
+        call([p for points in drawn.values() for p in points])
         contradicted = None
         for space in spaces:
-            for point in space.random_points(checks, rng):
-                if point in observations[space.name].points:
-                    continue
-                call(point)
+            for point in drawn[space.name]:
                 why = agrees(fits[space.name].models, point, observations[space.name].observed(point))
                 checked += why is None
                 contradicted = contradicted or (why and f"{space.name} {point}: {why}")
