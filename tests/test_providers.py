@@ -1,4 +1,5 @@
 """Built-in providers: what they plan covers what real calls of the model produce, shape by shape."""
+import dataclasses
 import itertools
 import random
 
@@ -215,13 +216,17 @@ def test_fla_row_wise_modules_planned_per_token_total_launch_what_every_shape_la
     # the model's norms and gated MLP, planned once per batch x tokens total, against the same modules
     # run at every (batch, tokens) shape, past batch 16 and past 2048 rows (NB of fla's layer norm)
     model = demo_models.fla_gated_deltanet()
-    limits = EngineLimits(max_num_tokens=4608, max_batch_size=24, max_seq_len=2304, cuda_graph_batch_sizes=(1, 24))
+    # (the totals and shapes themselves, not the shape classes that pick a few of each: those are checked
+    # against these below and in test_shape_classes.py)
+    classes = EngineLimits(max_num_tokens=4608, max_batch_size=24, max_seq_len=2304, cuda_graph_batch_sizes=(1, 24))
+    limits = dataclasses.replace(classes, extra={"shape_classes": False})
     provider, sites = _module_sites(model)
     assert all(site.by_rows for site in sites), [site.label for site in sites]
     by_total, launches = _planned_hashes(provider, sites, limits)
     every_shape, reference_launches = _planned_hashes(provider, _module_sites(model, by_rows=False)[1], limits)
     assert by_total == every_shape
     assert launches * 2 < reference_launches
+    assert _planned_hashes(provider, sites, classes)[0] == every_shape
 
 
 class BatchReadingRMSNorm(torch.nn.Module):

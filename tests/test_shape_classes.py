@@ -247,3 +247,26 @@ def test_the_search_run_in_forked_children_picks_what_it_picks_in_this_thread(mo
         found, launches, provider, _ = model_plan(model, limits)
         planned[workers] = set(found)
     assert planned["0"] == planned["3"]
+
+
+def test_the_fla_provider_with_shape_classes_plans_what_it_plans_at_every_shape():
+    from jit_ahead.providers.builtin import builtin_providers
+
+    model = demo_models.fla_gated_deltanet(layers=2)
+
+    def planned(limits):
+        claims, count = Claims(), 0
+        with capture() as found:
+            for provider in sorted(builtin_providers(), key=lambda p: p.sees_claims):
+                sites = (provider.find_layers(model, claims, limits) if provider.sees_claims
+                         else provider.find_layers(model))
+                claims |= provider.claims(model, sites)
+                for launch in (provider.launches(sites, limits) if sites else []):
+                    launch.run()
+                    count += 1
+        return {r.predicted_hash for r in found.requests}, count
+
+    limits = EngineLimits(max_num_tokens=600, max_batch_size=12, max_seq_len=600, cuda_graph_batch_sizes=(1, 2, 4))
+    classes, few = planned(limits)
+    shapes, every = planned(every_shape(limits))
+    assert classes == shapes and few < every / 2

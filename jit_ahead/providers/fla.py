@@ -126,14 +126,19 @@ def padded_prefill_batches(limits: EngineLimits) -> Iterator[PaddedBatch]:
     tokens that class reaches within the limits. Where sequences split those tokens does not change a
     launch (the varlen kernels take offsets as pointers); tests/test_providers.py checks this against
     random masks."""
-    for shortest, longest in ((1, 1), (2, FUSED_RECURRENT_MAX_LEN), (FUSED_RECURRENT_MAX_LEN + 1, limits.max_seq_len)):
-        longest = min(longest, limits.max_seq_len)
-        if shortest > longest:
-            continue
-        for total in range(shortest, min(limits.max_num_tokens, limits.max_batch_size * longest) + 1):
+    for shortest, longest, top in padded_modes(limits):
+        for total in range(shortest, top + 1):
             found = _padded_batch(total, shortest, longest, limits)
             if found is not None:
                 yield found
+
+
+def padded_modes(limits: EngineLimits) -> Iterator[tuple[int, int, int]]:
+    """(shortest, longest padded length, most valid tokens) of each mode a padded batch can launch by."""
+    for shortest, longest in ((1, 1), (2, FUSED_RECURRENT_MAX_LEN), (FUSED_RECURRENT_MAX_LEN + 1, limits.max_seq_len)):
+        longest = min(longest, limits.max_seq_len)
+        if shortest <= longest:
+            yield shortest, longest, min(limits.max_num_tokens, limits.max_batch_size * longest)
 
 
 def _padded_batch(total: int, shortest: int, longest: int, limits: EngineLimits) -> PaddedBatch | None:
@@ -207,14 +212,13 @@ class FlaGatedDeltaNetProvider(Provider):
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         graphs = set(limits.cuda_graph_batch_sizes)
         warm = warmup_token_counts(limits)
-        totals = token_totals(limits) if any(isinstance(s, ModuleSite) and s.by_rows for s in layers) else []
         for site in layers:
             if isinstance(site, ModuleSite) and site.by_rows:
-                for total in totals:
+                for total in _totals(site, limits):
                     yield PlannedLaunch(Priority.WARMUP if total in warm else Priority.BACKGROUND,
                                         lambda t=total, site=site: _module(site, 1, t), f"{site.label} tokens={total}")
                 continue
-            for batch, seq in prefill_shapes(limits):
+            for batch, seq in _prefills(site, limits):
                 first = is_warmup_shape(limits, batch, seq)
                 priority = Priority.WARMUP if first else Priority.BACKGROUND
                 if isinstance(site, ModuleSite):
@@ -227,7 +231,7 @@ class FlaGatedDeltaNetProvider(Provider):
                 continue
             padded = limits.extra.get("fla_padded", True)
             if padded:
-                for shape in padded_prefill_batches(limits):
+                for shape in _padded_batches(site, limits):
                     first = is_warmup_shape(limits, shape.batch, shape.padded)
                     yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
                                         lambda shape=shape, site=site: _padded_prefill(site, shape),
@@ -242,6 +246,57 @@ class FlaGatedDeltaNetProvider(Provider):
                     if padded:
                         yield PlannedLaunch(priority, lambda b=batch, site=site: _decode(site, b, padded=True),
                                             f"{site.label} padded decode B={batch}")
+
+
+def _classes(site, limits: EngineLimits, run) -> list[tuple[int, int]] | None:
+    """The prefill shapes (batch, tokens) whose calls ``run(site, batch, tokens)`` reach every shape class
+    of the site's launches (``shape_classes``); None where that is off or a value is unexplained."""
+    if not limits.extra.get("shape_classes", True):
+        return None
+    from ..triton.launch_trace import traced
+    from . import shape_classes
+
+    space = shape_classes.Space("prefill", 1, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)
+    return shape_classes.points_of(f"fla provider: {site.label}", space, lambda point: traced(lambda: run(site, *point)))
+
+
+def _prefills(site, limits: EngineLimits) -> Iterable[tuple[int, int]]:
+    """The prefill shapes a site is called at: the warmup shape, then those that reach every class."""
+    points = _classes(site, limits, _module if isinstance(site, ModuleSite) else _prefill)
+    if points is None:
+        return prefill_shapes(limits)
+    return list(dict.fromkeys([(1, min(limits.max_num_tokens, limits.max_seq_len))] + points))
+
+
+def _padded_batches(site: GatedDeltaNetSite, limits: EngineLimits) -> Iterable[PaddedBatch]:
+    """The padded batches planned: per mode, those of the valid-token totals that reach every shape class
+    (a space of one batch whose length is the total); every total where that is off or unexplained."""
+    if not limits.extra.get("shape_classes", True):
+        return padded_prefill_batches(limits)
+    from ..triton.launch_trace import traced
+    from . import shape_classes
+
+    found = []
+    for shortest, longest, top in padded_modes(limits):
+        def launches_at(point, shortest=shortest, longest=longest):
+            shape = _padded_batch(point[1], shortest, longest, limits)
+            return [] if shape is None else traced(lambda: _padded_prefill(site, shape))
+
+        points = shape_classes.points_of(f"fla provider: {site.label} padded, lengths {shortest}-{longest}",
+                                         shape_classes.Space("padded", 1, 1, top), launches_at)
+        totals = range(shortest, top + 1) if points is None else sorted(n for _, n in points)
+        found.extend(b for b in (_padded_batch(t, shortest, longest, limits) for t in totals) if b is not None)
+    return found
+
+
+def _totals(site: ModuleSite, limits: EngineLimits) -> Iterable[int]:
+    """The token totals a row-wise site is called at (it launches what one sequence of the total does):
+    the warmup totals, then those of the prefill shapes that reach every class."""
+    points = _classes(site, limits, lambda site, batch, seq: _module(site, 1, batch * seq))
+    if points is None:
+        return token_totals(limits)
+    warm = sorted(t for t in warmup_token_counts(limits) if t <= limits.max_num_tokens)
+    return list(dict.fromkeys(warm + [batch * seq for batch, seq in points]))
 
 
 def _continued_prefills(site: GatedDeltaNetSite, limits: EngineLimits, padded: bool) -> Iterator[PlannedLaunch]:

@@ -37,16 +37,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from ..core import forked_calls, knobs
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from . import meta_shortcuts, shape_classes
+from . import shape_classes
 from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
 from .device_gates import meta_stands_for_the_gpu
 from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
@@ -609,31 +607,19 @@ def _classified(site: ModelSite, limits: EngineLimits, stop: Callable[[], bool],
     """The launches of the points that reach every shape class, per convention; None (with one line)
     where a value follows no form the classes know: then every shape is planned."""
     forwards = site.forwards
-    seed = random.SystemRandom().randrange(1 << 32)
     chosen = []
     for convention in site.conventions:
         owned = spaces(limits, convention, forwards.cached)
+
         def sample(point, c=convention):
             return traced_call(forwards, point, limits, c)
 
-        try:
-            found = shape_classes.classify(
-                owned, sample, seed=seed, stop=stop,
-                sample_all=lambda points: forked_calls.call_all(sample, points, knobs.planner_count(),
-                                                                enter=meta_shortcuts.install))
-        except shape_classes.Unexplained as exc:
-            log.warning("model planner: %s%s is planned at every shape (%s); shape classes seed %d",
-                        site.label, _label(convention), exc, seed)
+        found = shape_classes.search(f"model planner: {site.label}{_label(convention)}", owned, sample, stop=stop)
+        if found is None:
             return None
         sampled[site.label + _label(convention)] = found.calls
-        prefill = owned[0]
-        points = list(found.points.get("prefill", []))
-        for point in found.points.get("decode", []):
-            if point not in points:
-                points.append(point)
-        log.info("model planner: %s%s: %d calls reach every shape class (%d sampled, %d checked at random; "
-                 "seed %d)", site.label, _label(convention), len(points), found.calls, found.checked, seed)
-        chosen.append((convention, prefill, points))
+        points = list(dict.fromkeys(found.points.get("prefill", []) + found.points.get("decode", [])))
+        chosen.append((convention, owned[0], points))
     return _class_launches(site, limits, chosen)
 
 

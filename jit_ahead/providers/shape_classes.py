@@ -71,9 +71,6 @@ class Space:
         b, n = point
         return self.batch_min <= b <= self.batch_max and 1 <= n <= self.n_max(b)
 
-    def size(self) -> int:
-        return sum(self.n_max(b) for b in range(self.batch_min, self.batch_max + 1))
-
     def random_points(self, count: int, rng: random.Random) -> list[Point]:
         """Points drawn across the whole space: a batch size, then a length up to its longest."""
         points = []
@@ -125,7 +122,7 @@ class Const:
         return np.full(b.shape, 0, dtype=np.int64) if not isinstance(self.value, int) else \
             np.full(b.shape, self.value, dtype=object if abs(self.value) >= 1 << 62 else np.int64)
 
-    def breaks(self, b):
+    def breaks(self, b, space):
         return []
 
 
@@ -146,7 +143,7 @@ class Poly:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(slope != 0, (float(value) - c0 - c1 * b.astype(float)) / slope, np.nan)
 
-    def breaks(self, b):
+    def breaks(self, b, space):
         return [self.solve_n(b, v) for v in (0, 1, *BIG)]
 
 
@@ -167,6 +164,9 @@ STEPS: dict[str, Callable] = {
     "div": lambda u, k: u // k,
 }
 STEP_DIVISORS = tuple(1 << i for i in range(1, 15))
+# a division of a quantity with more steps than this within the space is no shape class: as many calls
+# as values, or close; such a value is left unexplained (the planner then calls every shape)
+MAX_STEPS = 512
 
 
 @dataclass(frozen=True)
@@ -190,12 +190,12 @@ class Step:
             value = np.minimum(value, self.hi)
         return value
 
-    def breaks(self, b):
-        top = 1 << 40
+    def breaks(self, b, space):
         if self.step == "pow2":
             levels = [1 << i for i in range(0, 41)]
-        else:
-            levels = list(range(0, min(top, 1 << 20), self.k))  # bounded: breakpoints farther out are unused
+        else:  # every step within the space (_fit_step takes a division only where they are few)
+            top = _inner_top(self.u, space) + self.k
+            levels = list(range(-top, top + 1, self.k))
         return _u_breaks(self.u, b, levels)
 
 
@@ -216,7 +216,7 @@ class Interval:
             inside &= u <= self.hi
         return inside.astype(np.int64)
 
-    def breaks(self, b):
+    def breaks(self, b, space):
         return _u_breaks(self.u, b, [v for v in (self.lo, self.hi) if v is not None])
 
 
@@ -233,8 +233,8 @@ class Select:
     def predict(self, b, n):
         return np.where(monomial(self.u, b, n) <= self.at, self.inside.predict(b, n), self.outside.predict(b, n))
 
-    def breaks(self, b):
-        return _u_breaks(self.u, b, [self.at]) + self.inside.breaks(b) + self.outside.breaks(b)
+    def breaks(self, b, space):
+        return _u_breaks(self.u, b, [self.at]) + self.inside.breaks(b, space) + self.outside.breaks(b, space)
 
 
 def _u_breaks(u, b: np.ndarray, levels: Iterable[int]) -> list[np.ndarray]:
@@ -334,8 +334,7 @@ def _fit_poly(points: list[Point], values: list[int]) -> Poly | None:
         return None
     solution, *_ = np.linalg.lstsq(_design(points), np.array(values, dtype=float), rcond=None)
     poly = Poly(tuple(int(round(c)) for c in solution))
-    b = np.array([p[0] for p in points], dtype=np.int64)
-    n = np.array([p[1] for p in points], dtype=np.int64)
+    b, n = _arrays(points)
     return poly if np.array_equal(poly.predict(b, n), np.array(values, dtype=np.int64)) else None
 
 
@@ -358,25 +357,28 @@ def _fit_select(points: list[Point], values: list[int], space: Space, pool: list
                 found.append(Select(u, left, a, b))
     if not found:
         return None, []
-    if len(found) > 1 and pool:
-        bb = np.array([p[0] for p in pool], dtype=np.int64)
-        nn = np.array([p[1] for p in pool], dtype=np.int64)
-        first = found[0].predict(bb, nn)
-        for other in found[1:]:
-            differ = np.nonzero(other.predict(bb, nn) != first)[0]
-            if len(differ) and pool[int(differ[0])] not in points:
-                return None, [pool[int(differ[0])]]
-    return found[0], []
+    ask = _telling_apart(found, pool, points)
+    return (None, ask) if ask else (found[0], [])
 
 
-def _fit_step(points: list[Point], values: list[int], inners: list) -> Step | None:
-    b = np.array([p[0] for p in points], dtype=np.int64)
-    n = np.array([p[1] for p in points], dtype=np.int64)
+def _inner_top(u, space: Space) -> int:
+    """The largest magnitude ``u`` takes in the space (a polynomial's is linear in n at each batch size, so
+    it is at n = 1 or at the longest n of some batch size)."""
+    if isinstance(u, str):
+        return _u_range(u, space)[1]
+    ends = [(b, n) for b in range(space.batch_min, space.batch_max + 1) for n in (1, space.n_max(b))]
+    return int(np.abs(u.predict(*_arrays(ends))).max())
+
+
+def _fit_step(points: list[Point], values: list[int], inners: list, space: Space) -> Step | None:
+    b, n = _arrays(points)
     v = np.array(values, dtype=np.int64)
     for u in inners:
         inner = monomial(u, b, n) if isinstance(u, str) else u.predict(b, n)
         for step, ks in (("pow2", (1,)), ("cdiv", STEP_DIVISORS), ("div", STEP_DIVISORS)):
             for k in ks:
+                if step != "pow2" and _inner_top(u, space) > MAX_STEPS * k:
+                    continue
                 raw = STEPS[step](inner, k)
                 below, above = v > raw, v < raw
                 lo = int(v[below].min()) if below.any() else None
@@ -506,15 +508,26 @@ def _settle(brackets: list[_Bracket], space: Space, pool: list[Point]):
     if asks:
         return None, asks
     forms = [bracket.form() for bracket in brackets]
-    if len(forms) > 1 and pool:
-        b = np.array([p[0] for p in pool], dtype=np.int64)
-        n = np.array([p[1] for p in pool], dtype=np.int64)
-        first = forms[0].predict(b, n)
-        for other in forms[1:]:
-            differ = np.nonzero(other.predict(b, n) != first)[0]
-            if len(differ):
-                return None, [pool[int(differ[0])]]
-    return forms[0], []
+    ask = _telling_apart(forms, pool)
+    return (None, ask) if ask else (forms[0], [])
+
+
+def _telling_apart(forms: list, pool: list[Point], seen: Iterable[Point] = ()) -> list[Point]:
+    """A point of ``pool`` (not ``seen``) where the first form and another one differ: its call decides."""
+    if len(forms) < 2 or not pool:
+        return []
+    b, n = _arrays(pool)
+    first = forms[0].predict(b, n)
+    seen = set(seen)
+    for other in forms[1:]:
+        for index in np.nonzero(other.predict(b, n) != first)[0]:
+            if pool[int(index)] not in seen:
+                return [pool[int(index)]]
+    return []
+
+
+def _arrays(points: list[Point]) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([p[0] for p in points], dtype=np.int64), np.array([p[1] for p in points], dtype=np.int64))
 
 
 def _nearest_point(u: str, value: int, space: Space) -> Point | None:
@@ -564,7 +577,7 @@ def _slot_models(site, at: dict, inside: list[Point], space: Space, pool: list[P
         raise Unexplained(f"{_site_name(site)}: argument {name} takes {len(set(map(repr, values)))} values "
                           f"that are neither integers nor flags")
     for name, values, classed, raw_kind in pending:
-        form = _fit_step(inside, values, list(MONOMIALS) + polys)
+        form = _fit_step(inside, values, list(MONOMIALS) + polys, space)
         if form is None:
             form, ask = _fit_select(inside, values, space, pool)
             if ask:
@@ -586,8 +599,7 @@ def _rank_asks(inside: list[Point], slots: list[SlotModel], presence, pool: list
     seen = np.linalg.matrix_rank(_design(inside))
     if seen >= 4 or not pool:
         return []
-    b = np.array([p[0] for p in pool], dtype=np.int64)
-    n = np.array([p[1] for p in pool], dtype=np.int64)
+    b, n = _arrays(pool)
     where = np.nonzero(presence.predict(b, n).astype(bool))[0]
     asks = []
     for index in where:
@@ -614,7 +626,7 @@ def candidates(space: Space, models: list[SiteModel]) -> tuple[np.ndarray, np.nd
     centres: list[np.ndarray] = [np.ones(b.shape), top.astype(float)]
     forms = {slot.form for model in models for slot in model.slots} | {m.presence for m in models}
     for form in forms:
-        centres.extend(form.breaks(b))
+        centres.extend(form.breaks(b, space))
     columns_b, columns_n = [], []
     offsets = np.arange(-WINDOW, WINDOW + 1)
     for centre in centres:
@@ -778,3 +790,34 @@ def classify(spaces: list[Space], sample: Callable[[Point], dict[str, list]], *,
             return Classified({n: f.models for n, f in fits.items()}, points, calls, checked)
         log.info("shape classes: a check contradicted the models (%s); sampling more", contradicted)
     raise Unexplained(f"the models were still contradicted after {rounds} rounds of sampling")
+
+
+def search(who: str, spaces: list[Space], sample: Callable[[Point], dict[str, list]], *,
+           stop: Callable[[], bool] = lambda: False, workers: int | None = None) -> Classified | None:
+    """``classify`` for a planner: a new seed each run, the calls spread over ``workers`` processes forked
+    from this thread (default: ``JIT_AHEAD_PLANNERS``), and one log line either way: the calls chosen, or
+    that ``who`` is planned at every shape and why (None)."""
+    from ..core import forked_calls, knobs
+    from . import meta_shortcuts
+
+    workers = knobs.planner_count() if workers is None else workers
+    enter = meta_shortcuts.install  # a forked process runs nothing of the server's: process-wide is safe
+
+    seed = random.SystemRandom().randrange(1 << 32)
+    try:
+        found = classify(spaces, sample, seed=seed, stop=stop,
+                         sample_all=lambda points: forked_calls.call_all(sample, points, workers, enter=enter))
+    except Unexplained as exc:
+        log.warning("%s is planned at every shape (%s); shape classes seed %d", who, exc, seed)
+        return None
+    chosen = len({p for points in found.points.values() for p in points})
+    log.info("%s: %d calls reach every shape class (%d sampled, %d checked at random; seed %d)", who, chosen,
+             found.calls, found.checked, seed)
+    return found
+
+
+def points_of(who: str, space: Space, launches_at: Callable[[Point], list]) -> list[Point] | None:
+    """``search`` over one space whose calls ``launches_at(point)`` return their traced launches: the points
+    to call, or None (one line said why) where every point must be."""
+    found = search(who, [space], lambda point: {space.name: launches_at(point)})
+    return None if found is None else found.points[space.name]

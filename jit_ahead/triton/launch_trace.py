@@ -24,7 +24,7 @@ import torch
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
-from ..core.processes import fork_safe_lock
+from ..core.shared_patch import SharedPatch
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,6 @@ _active: contextvars.ContextVar[_Trace | None] = contextvars.ContextVar("jit_ahe
 _autotuned: contextvars.ContextVar[tuple[tuple[str, ...], object]] = contextvars.ContextVar(
     "jit_ahead_autotuned", default=((), None))
 _original_jit_run = JITFunction.run
-_lock = fork_safe_lock()
-_users = 0
 _autotuner_run_below = None
 
 
@@ -150,24 +148,26 @@ def _traced_autotuner_run(self, *args, **kwargs):
             _autotuned.reset(token)
 
 
-@contextlib.contextmanager
-def _patches() -> Iterator[None]:
-    global _users, _autotuner_run_below
-    with _lock:
-        _users += 1
-        if _users == 1:
-            JITFunction.run = _traced_jit_run
-            _autotuner_run_below = Autotuner.run  # the capture's own pass, installed by the capture around us
-            Autotuner.run = _traced_autotuner_run
-    try:
-        yield
-    finally:
-        with _lock:
-            _users -= 1
-            if _users == 0:
-                JITFunction.run = _original_jit_run
-                Autotuner.run = _autotuner_run_below
-                _autotuner_run_below = None
+def _apply() -> None:
+    global _autotuner_run_below
+    if JITFunction.run is not _traced_jit_run:
+        JITFunction.run = _traced_jit_run
+    if Autotuner.run is not _traced_autotuner_run:
+        _autotuner_run_below = Autotuner.run  # the capture's own pass, installed by the capture around us
+        Autotuner.run = _traced_autotuner_run
+
+
+def _restore() -> None:
+    global _autotuner_run_below
+    if JITFunction.run is _traced_jit_run:
+        JITFunction.run = _original_jit_run
+    if Autotuner.run is _traced_autotuner_run:
+        Autotuner.run = _autotuner_run_below
+    _autotuner_run_below = None
+
+
+# held by each trace; the last one out puts Triton back
+_patch = SharedPatch(_apply, _restore)
 
 
 @contextlib.contextmanager
@@ -179,11 +179,22 @@ def trace() -> Iterator[list[TracedLaunch]]:
     if plan is None:
         raise RuntimeError("launch_trace.trace() is used inside a capture")
     state = _Trace(sys._getframe(2))  # the caller's frame (this one is the context manager's generator)
-    with _patches():
-        token = _active.set(state)
-        skipping, plan.skip_autotune_repeats = plan.skip_autotune_repeats, False
-        try:
-            yield state.launches
-        finally:
-            plan.skip_autotune_repeats = skipping
-            _active.reset(token)
+    _patch.hold()
+    token = _active.set(state)
+    skipping, plan.skip_autotune_repeats = plan.skip_autotune_repeats, False
+    try:
+        yield state.launches
+    finally:
+        plan.skip_autotune_repeats = skipping
+        _active.reset(token)
+        _patch.let_go()
+
+
+def traced(call) -> list[TracedLaunch]:
+    """The launches ``call()`` makes, noted in a capture of its own (nothing compiles or runs)."""
+    from .plan import capture
+
+    with capture():
+        with trace() as launches:
+            call()
+    return launches
