@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -152,29 +153,41 @@ def left_padded_mask(batch: int, tokens: int) -> torch.Tensor:
     return mask
 
 
-def _request(forwards: Forwards, batch: int, tokens: int, longest: int, convention: Convention) -> None:
-    """A prefill of (batch, tokens), and one decode step on its cache while it stays within ``longest``."""
+def _untraced(phase: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def _request(forwards: Forwards, batch: int, tokens: int, longest: int, convention: Convention,
+             phase: Callable[[str], contextlib.AbstractContextManager] = _untraced) -> None:
+    """A prefill of (batch, tokens), and one decode step on its cache while it stays within ``longest``;
+    each inside ``phase("prefill")`` and ``phase("decode")`` (shape classes trace them there)."""
     mask = left_padded_mask(batch, tokens) if convention.padded else None
-    cache = forwards.prefill(batch, tokens, mask, convention.positions)
+    with phase("prefill"):
+        cache = forwards.prefill(batch, tokens, mask, convention.positions)
     if cache is not None and forwards.cached and tokens < longest:
         if mask is not None:
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
-        forwards.extend(cache, batch, 1, mask, convention.positions)
+        with phase("decode"):
+            forwards.extend(cache, batch, 1, mask, convention.positions)
 
 
-def request(forwards: Forwards, batch: int, tokens: int, longest: int, convention: Convention = PLAIN) -> None:
-    with_host_indices_if_needed(lambda: _request(forwards, batch, tokens, longest, convention), convention.padded)
+def request(forwards: Forwards, batch: int, tokens: int, longest: int, convention: Convention = PLAIN,
+            phase: Callable[[str], contextlib.AbstractContextManager] = _untraced) -> None:
+    with_host_indices_if_needed(lambda: _request(forwards, batch, tokens, longest, convention, phase),
+                                convention.padded)
 
 
-def long_decode(forwards: Forwards, batch: int, length: int, positions: bool = False) -> None:
-    """One decode step of ``batch`` rows on a cache of ``length`` tokens. The cache is filled by one
-    prefill of ``length`` tokens whose launches are not kept: it may exceed the token limit (a server
-    reaches that cache by decoding), and its launches are not planned here."""
+def long_decode(forwards: Forwards, batch: int, length: int, positions: bool = False,
+                phase: Callable[[str], contextlib.AbstractContextManager] = _untraced) -> None:
+    """One decode step of ``batch`` rows on a cache of ``length`` tokens (inside ``phase("decode")``). The
+    cache is filled by one prefill of ``length`` tokens whose launches are not kept: it may exceed the token
+    limit (a server reaches that cache by decoding), and its launches are not planned here."""
     from ..triton import capture
 
     with capture():  # the inner capture keeps the filling launches out of the planning one
         cache = forwards.prefill(batch, length, positions=positions)
-    forwards.extend(cache, batch, 1, positions=positions)
+    with phase("decode"):
+        forwards.extend(cache, batch, 1, positions=positions)
 
 
 def decode_lengths(upper: int) -> list[int]:
@@ -567,38 +580,25 @@ def spaces(limits: EngineLimits, convention: Convention, cached: bool) -> list[s
 
 def traced_call(forwards: Forwards, point: tuple[int, int], limits: EngineLimits, convention: Convention) -> dict:
     """The launches one request makes at ``point``, by space: a prefill of (batch, tokens) and the decode
-    step on its cache; a point past what one prefill holds is a decode step on a cache filled unseen."""
+    step on its cache; a point past what one prefill holds is a decode step on a cache filled unseen
+    (``long_decode``): the calls planning makes, each phase traced."""
     from ..triton import capture
     from ..triton.launch_trace import trace
 
-    batch, tokens = point
     found: dict = {}
-    prefill = spaces(limits, convention, forwards.cached)[0]
 
-    def run() -> None:
-        mask = left_padded_mask(batch, tokens) if convention.padded else None
-        with trace() as launches:
-            cache = forwards.prefill(batch, tokens, mask, convention.positions)
-        found["prefill"] = launches
-        if cache is not None and forwards.cached and tokens < limits.max_seq_len:
-            if mask is not None:
-                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
-            with trace() as launches:
-                forwards.extend(cache, batch, 1, mask, convention.positions)
-            found["decode"] = launches
-
-    def run_decode() -> None:
-        with capture():  # the filling prefill is not part of the decode step
-            cache = forwards.prefill(batch, tokens, positions=convention.positions)
-        with trace() as launches:
-            forwards.extend(cache, batch, 1, positions=convention.positions)
-        found["decode"] = launches
+    @contextlib.contextmanager
+    def phase(name: str):
+        # stacks stop at the frame of _request or long_decode (this generator's caller's caller)
+        with trace(root=sys._getframe(2)) as launches:
+            yield
+        found[name] = launches
 
     with capture():
-        if prefill.contains(point):
-            with_host_indices_if_needed(run, convention.padded)
+        if spaces(limits, convention, forwards.cached)[0].contains(point):
+            request(forwards, *point, limits.max_seq_len, convention, phase)
         else:
-            run_decode()
+            long_decode(forwards, *point, convention.positions, phase)
     return found
 
 

@@ -171,14 +171,16 @@ _patch = SharedPatch(_apply, _restore)
 
 
 @contextlib.contextmanager
-def trace() -> Iterator[list[TracedLaunch]]:
-    """Note every Triton launch made in this context (use inside a capture: nothing runs)."""
+def trace(root=None) -> Iterator[list[TracedLaunch]]:
+    """Note every Triton launch made in this context (use inside a capture: nothing runs). Stacks stop at
+    ``root`` (default: the frame that entered this context)."""
     from . import hook
 
     plan = hook.capturing.get()
     if plan is None:
         raise RuntimeError("launch_trace.trace() is used inside a capture")
-    state = _Trace(sys._getframe(2))  # the caller's frame (this one is the context manager's generator)
+    # the caller's frame by default (this one is the context manager's generator, then its __enter__)
+    state = _Trace(root if root is not None else sys._getframe(2))
     _patch.hold()
     token = _active.set(state)
     skipping, plan.skip_autotune_repeats = plan.skip_autotune_repeats, False
