@@ -106,6 +106,20 @@ def qwen3_next_liger(layers: int = 4, hidden: int = 512):
         return Qwen3NextForCausalLM(config).to(torch.bfloat16).eval()
 
 
+def qwen3_moe_liger(layers: int = 4, hidden: int = 512):
+    """transformers' Qwen3-MoE (Qwen3-30B-A3B's architecture: a sparse MoE block in every layer, grouped-query
+    attention with q/k norms) with Liger's RoPE, RMSNorm and SwiGLU patched in."""
+    from liger_kernel.transformers.monkey_patch import apply_liger_kernel_to_qwen3_moe
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    apply_liger_kernel_to_qwen3_moe(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False)
+    config = Qwen3MoeConfig(hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
+                            num_experts=8, num_experts_per_tok=2, num_hidden_layers=layers, num_attention_heads=8,
+                            num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=32768)
+    with torch.device("meta"):
+        return Qwen3MoeForCausalLM(config).to(torch.bfloat16).eval()
+
+
 def fla_kda(layers: int = 2, hidden: int = 256):
     """fla's Kimi Delta Attention model (KDA layers, fla's norms and gated MLP)."""
     from fla.models import KDAConfig, KDAForCausalLM

@@ -26,6 +26,11 @@ from . import any_models
 ENGINE = EngineLimits(max_num_tokens=32768, max_batch_size=256, max_seq_len=32768,
                       cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
+# models the library providers plan (the model planner after them)
+LIBRARY_MODELS = {"fla-gated-deltanet": lambda: demo_models.fla_gated_deltanet(layers=2),
+                  "liger-qwen3": lambda: demo_models.liger_qwen3(layers=2),
+                  "qwen3-moe-liger": lambda: any_models.qwen3_moe_liger(layers=2, hidden=256)}
+
 
 def model_plan(model, limits):
     """The model planner alone (no library provider), its launches run as planners run them."""
@@ -36,6 +41,22 @@ def model_plan(model, limits):
         for launch in launches:
             launch.run()
     return {r.predicted_hash: r.name for r in planned.requests}, launches, provider, sites
+
+
+def providers_plan(model, limits):
+    """Every built-in provider, the model planner last with what the others claim, as plan_model runs them:
+    the predicted hashes planned and the number of launches run."""
+    from jit_ahead.providers.builtin import builtin_providers
+
+    claims, count = Claims(), 0
+    with capture() as found:
+        for provider in sorted(builtin_providers(), key=lambda p: p.sees_claims):
+            sites = provider.find_layers(model, claims, limits) if provider.sees_claims else provider.find_layers(model)
+            claims |= provider.claims(model, sites)
+            for launch in (provider.launches(sites, limits) if sites else []):
+                launch.run()
+                count += 1
+    return {r.predicted_hash for r in found.requests}, count
 
 
 def every_shape(limits):
@@ -115,6 +136,19 @@ def test_random_calls_at_engine_limits_launch_only_planned_variants(name, caplog
     assert "is planned at every shape" not in caplog.text  # every value was explained
     assert len(launches) < 1000
     _check_random_calls(model, ENGINE, planned, 10, padded=sites[0].padded)
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_MODELS))
+def test_random_calls_at_engine_limits_launch_only_what_the_providers_planned(name, caplog):
+    """The demo models fla and Liger plan (their providers, the model planner after them) and a Qwen3-MoE
+    model with Liger: random real calls across EngineLimits(32768, 256, 32768), padded ones and long
+    decodes among them."""
+    caplog.set_level(logging.INFO, logger="jit_ahead.providers")
+    model = LIBRARY_MODELS[name]()
+    planned, count = providers_plan(model, ENGINE)
+    assert "is planned at every shape" not in caplog.text  # every value was explained
+    assert count < 5000
+    _check_random_calls(model, ENGINE, planned, 10, padded=True)
 
 
 # -- cost ----------------------------------------------------------------------------------------------------
@@ -249,24 +283,87 @@ def test_the_search_run_in_forked_children_picks_what_it_picks_in_this_thread(mo
     assert planned["0"] == planned["3"]
 
 
-def test_the_fla_provider_with_shape_classes_plans_what_it_plans_at_every_shape():
-    from jit_ahead.providers.builtin import builtin_providers
-
-    model = demo_models.fla_gated_deltanet(layers=2)
-
-    def planned(limits):
-        claims, count = Claims(), 0
-        with capture() as found:
-            for provider in sorted(builtin_providers(), key=lambda p: p.sees_claims):
-                sites = (provider.find_layers(model, claims, limits) if provider.sees_claims
-                         else provider.find_layers(model))
-                claims |= provider.claims(model, sites)
-                for launch in (provider.launches(sites, limits) if sites else []):
-                    launch.run()
-                    count += 1
-        return {r.predicted_hash for r in found.requests}, count
-
+@pytest.mark.parametrize("name", list(LIBRARY_MODELS))
+def test_the_library_providers_with_shape_classes_plan_what_they_plan_at_every_shape(name):
+    """fla's GatedDeltaNet provider (prefills, padded batches in each mode, its other modules by token
+    total) and Liger's (row-wise layers by token count, RoPE by batch and length, cos/sin shared or per
+    row), with the model planner after them, as plan_model runs them."""
+    model = LIBRARY_MODELS[name]()
     limits = EngineLimits(max_num_tokens=600, max_batch_size=12, max_seq_len=600, cuda_graph_batch_sizes=(1, 2, 4))
-    classes, few = planned(limits)
-    shapes, every = planned(every_shape(limits))
+    classes, few = providers_plan(model, limits)
+    shapes, every = providers_plan(model, every_shape(limits))
     assert classes == shapes and few < every / 2
+
+
+# -- the search's parts --------------------------------------------------------------------------------------
+def test_a_polynomial_is_fitted_where_the_points_fix_the_batch():
+    """A space of one batch size (fla's padded modes, Liger's token counts): 1 and b, n and b n are the same
+    column there, and the fit must still find the integer polynomial (it once split them into halves)."""
+    points = [(1, n) for n in (1, 2, 3, 16, 17, 64, 65, 100, 8192, 16383, 16384)]
+    for values in ([n for _, n in points], [256 * n + 3 for _, n in points]):
+        poly = shape_classes._fit_poly(points, values)
+        assert poly is not None
+        b, n = shape_classes._arrays(points)
+        assert poly.predict(b, n).tolist() == values
+
+
+def test_row_ids_match_numpy_unique_by_rows_even_when_hashes_collide(monkeypatch):
+    rng = np.random.default_rng(random.randrange(2**32))
+    matrix = rng.integers(-1, 3, size=(3000, 7))
+    matrix = np.concatenate([matrix, matrix[::3]])
+    for mix in (shape_classes._ROW_MIX, np.zeros(4, dtype=np.uint64)):  # zeros: every row hashes the same
+        monkeypatch.setattr(shape_classes, "_ROW_MIX", mix)
+        ids, first = shape_classes.row_ids(matrix)
+        assert np.array_equal(matrix[first[ids]], matrix)
+        assert len(first) == len(np.unique(matrix, axis=0)) and sorted(set(ids.tolist())) == list(range(len(first)))
+
+
+def test_traced_values_that_compare_equal_keep_their_types():
+    """Traces share equal values between launches; True == 1 == 1.0 must still come back as a flag, an
+    integer and a float."""
+    from jit_ahead.triton import launch_trace
+
+    flag, number, real = (launch_trace._shared_raw(v, False) for v in (True, 1, 1.0))
+    assert (type(flag.value), type(number.value), type(real.value)) == (bool, int, float)
+    assert launch_trace._shared_raw(True, False) is flag
+    values = [launch_trace._shared_values({"x": raw}) for raw in (flag, real)]
+    assert type(values[0][0][1].value) is bool and type(values[1][0][1].value) is float
+
+
+def _synthetic(kind):
+    """A sample function of one launch site whose value follows the point: a power-of-two step of n (a
+    constexpr), or no form at all (a value hashed from the point)."""
+    from jit_ahead.triton.launch_trace import Raw, TracedLaunch
+
+    def sample(point):
+        b, n = point
+        value = 1 << (n - 1).bit_length() if kind == "step" else (b * 7919 + n * 104729) % 1009
+        return {"prefill": [TracedLaunch(("k", (), 0), (("BLOCK", Raw("int", value, exact=True)),))]}
+    return sample
+
+
+def test_problems_searched_together_share_rounds_and_fail_alone():
+    space = Space("prefill", 1, 8, 500, 2000)
+    problems = [shape_classes.Problem("step", (space,), _synthetic("step")),
+                shape_classes.Problem("noise", (space,), _synthetic("noise")),
+                shape_classes.Problem("step again", (space,), _synthetic("step"))]
+    seed = random.randrange(2**32)
+
+    def rounds(chosen, first_seed):
+        batches = []
+
+        def sample_all(items):
+            batches.append(len(items))
+            return [chosen[i].sample(p) for i, p in items]
+        return shape_classes.classify_all(chosen, seed=first_seed, sample_all=sample_all), len(batches)
+
+    found, together = rounds(problems, seed)
+    assert isinstance(found[1], shape_classes.Unexplained), seed
+    for classified in (found[0], found[2]):
+        assert isinstance(classified, shape_classes.Classified), (seed, classified)
+        reached = {1 << (n - 1).bit_length() for _, n in classified.points["prefill"]}
+        assert reached == {1 << k for k in range(10)}, seed  # 1..512: every power of two n can round to
+    # each problem searched alone with the seed it had (seed + its index): together, one batch of calls
+    # per round for all of them, as many rounds as the longest alone
+    alone = [rounds([problem], seed + index)[1] for index, problem in enumerate(problems)]
+    assert together == max(alone), (seed, together, alone)

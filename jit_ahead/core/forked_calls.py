@@ -41,12 +41,15 @@ _failing = False  # every child of a batch failed: later batches run in the call
 def call_all(function: Callable[[Item], object], items: Sequence[Item], workers: int,
              enter: Callable[[], None] = lambda: None, timeout: float = 300.0) -> list:
     """``[function(item) for item in items]``, in up to ``workers`` forked children (the planning run's
-    ``planners.planner_entry``, then ``enter``, run first in each); 0 workers, one item, or a platform
-    without fork: in this thread. A child silent for ``timeout`` seconds is killed and its share runs here;
-    once every child of a batch has failed, the calls of this process run here."""
+    ``planners.planner_entry``, then ``enter``, run first in each); 0 workers, one item, a platform
+    without fork, or a planner process (forked already): in this thread. A child silent for ``timeout``
+    seconds is killed and its share runs here; once every child of a batch has failed, the calls of this
+    process run here."""
     global _failing
     items = list(items)
-    count = min(workers, len(items)) if hasattr(os, "fork") and not _failing else 0
+    # a forked process makes its calls itself: its forks would fork again
+    forking = hasattr(os, "fork") and not _failing and not planners.in_planner()
+    count = min(workers, len(items)) if forking else 0
     if count <= 1:
         return [function(item) for item in items]
     shares = [list(range(i, len(items), count)) for i in range(count)]

@@ -212,13 +212,14 @@ class FlaGatedDeltaNetProvider(Provider):
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         graphs = set(limits.cuda_graph_batch_sizes)
         warm = warmup_token_counts(limits)
+        found = _class_points(layers, limits)
         for site in layers:
             if isinstance(site, ModuleSite) and site.by_rows:
-                for total in _totals(site, limits):
+                for total in _totals(site, limits, found.get((id(site), "totals"))):
                     yield PlannedLaunch(Priority.WARMUP if total in warm else Priority.BACKGROUND,
                                         lambda t=total, site=site: _module(site, 1, t), f"{site.label} tokens={total}")
                 continue
-            for batch, seq in _prefills(site, limits):
+            for batch, seq in _prefills(site, limits, found.get((id(site), "prefill"))):
                 first = is_warmup_shape(limits, batch, seq)
                 priority = Priority.WARMUP if first else Priority.BACKGROUND
                 if isinstance(site, ModuleSite):
@@ -231,7 +232,7 @@ class FlaGatedDeltaNetProvider(Provider):
                 continue
             padded = limits.extra.get("fla_padded", True)
             if padded:
-                for shape in _padded_batches(site, limits):
+                for shape in _padded_batches(site, limits, found):
                     first = is_warmup_shape(limits, shape.batch, shape.padded)
                     yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
                                         lambda shape=shape, site=site: _padded_prefill(site, shape),
@@ -248,51 +249,71 @@ class FlaGatedDeltaNetProvider(Provider):
                                             f"{site.label} padded decode B={batch}")
 
 
-def _classes(site, limits: EngineLimits, run) -> list[tuple[int, int]] | None:
-    """The prefill shapes (batch, tokens) whose calls ``run(site, batch, tokens)`` reach every shape class
-    of the site's launches (``shape_classes``); None where that is off or a value is unexplained."""
+def _class_points(layers: list, limits: EngineLimits) -> dict[tuple, list[tuple[int, int]] | None]:
+    """Per (site, part): the points whose calls reach every shape class of the part's launches
+    (``shape_classes``, every part of every site searched together), or None where a value is unexplained;
+    {} where shape classes are off. Parts: "prefill" (batch, tokens), "totals" (a row-wise site, as batch x
+    tokens), and ("padded", shortest, longest) per padded mode (a space of one batch whose length is the
+    valid-token total)."""
     if not limits.extra.get("shape_classes", True):
-        return None
+        return {}
     from ..triton.launch_trace import traced
     from . import shape_classes
 
-    space = shape_classes.Space("prefill", 1, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)
-    return shape_classes.points_of(f"fla provider: {site.label}", space, lambda point: traced(lambda: run(site, *point)))
+    prefill = shape_classes.Space("prefill", 1, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)
+    parts, problems = [], []
+
+    def add(site, part, label: str, space, launches_at) -> None:
+        parts.append((id(site), part))
+        problems.append(shape_classes.Problem(f"fla provider: {site.label}{label}", (space,),
+                                              lambda point: {space.name: launches_at(point)}))
+
+    for site in layers:
+        if isinstance(site, ModuleSite):
+            rows = site.by_rows
+            add(site, "totals" if rows else "prefill", "", prefill,
+                lambda point, site=site, rows=rows: traced(lambda: _module(site, 1, point[0] * point[1]) if rows
+                                                           else _module(site, *point)))
+            continue
+        add(site, "prefill", "", prefill, lambda point, site=site: traced(lambda: _prefill(site, *point)))
+        if isinstance(site, GatedDeltaNetSite) and limits.extra.get("fla_padded", True):
+            for shortest, longest, top in padded_modes(limits):
+                def padded_at(point, site=site, shortest=shortest, longest=longest):
+                    shape = _padded_batch(point[1], shortest, longest, limits)
+                    return [] if shape is None else traced(lambda: _padded_prefill(site, shape))
+
+                add(site, ("padded", shortest, longest), f" padded, lengths {shortest}-{longest}",
+                    shape_classes.Space("padded", 1, 1, top), padded_at)
+    found = shape_classes.search(problems)
+    return {part: None if f is None else list(f.points[problem.spaces[0].name])
+            for part, problem, f in zip(parts, problems, found)}
 
 
-def _prefills(site, limits: EngineLimits) -> Iterable[tuple[int, int]]:
-    """The prefill shapes a site is called at: the warmup shape, then those that reach every class."""
-    points = _classes(site, limits, _module if isinstance(site, ModuleSite) else _prefill)
+def _prefills(site, limits: EngineLimits, points: list | None) -> Iterable[tuple[int, int]]:
+    """The prefill shapes a site is called at: the warmup shape, then those that reach every class
+    (``points``; every shape where None)."""
     if points is None:
         return prefill_shapes(limits)
     return list(dict.fromkeys([(1, min(limits.max_num_tokens, limits.max_seq_len))] + points))
 
 
-def _padded_batches(site: GatedDeltaNetSite, limits: EngineLimits) -> Iterable[PaddedBatch]:
-    """The padded batches planned: per mode, those of the valid-token totals that reach every shape class
-    (a space of one batch whose length is the total); every total where that is off or unexplained."""
-    if not limits.extra.get("shape_classes", True):
+def _padded_batches(site: GatedDeltaNetSite, limits: EngineLimits, found: dict) -> Iterable[PaddedBatch]:
+    """The padded batches planned: per mode, those of the valid-token totals that reach every shape class;
+    every total where shape classes are off or that mode is unexplained."""
+    if not found:
         return padded_prefill_batches(limits)
-    from ..triton.launch_trace import traced
-    from . import shape_classes
-
-    found = []
+    batches = []
     for shortest, longest, top in padded_modes(limits):
-        def launches_at(point, shortest=shortest, longest=longest):
-            shape = _padded_batch(point[1], shortest, longest, limits)
-            return [] if shape is None else traced(lambda: _padded_prefill(site, shape))
-
-        points = shape_classes.points_of(f"fla provider: {site.label} padded, lengths {shortest}-{longest}",
-                                         shape_classes.Space("padded", 1, 1, top), launches_at)
+        points = found.get((id(site), ("padded", shortest, longest)))
         totals = range(shortest, top + 1) if points is None else sorted(n for _, n in points)
-        found.extend(b for b in (_padded_batch(t, shortest, longest, limits) for t in totals) if b is not None)
-    return found
+        batches.extend(b for b in (_padded_batch(t, shortest, longest, limits) for t in totals) if b is not None)
+    return batches
 
 
-def _totals(site: ModuleSite, limits: EngineLimits) -> Iterable[int]:
+def _totals(site: ModuleSite, limits: EngineLimits, points: list | None) -> Iterable[int]:
     """The token totals a row-wise site is called at (it launches what one sequence of the total does):
-    the warmup totals, then those of the prefill shapes that reach every class."""
-    points = _classes(site, limits, lambda site, batch, seq: _module(site, 1, batch * seq))
+    the warmup totals, then those of the prefill shapes that reach every class (``points``; every total
+    where None)."""
     if points is None:
         return token_totals(limits)
     warm = sorted(t for t in warmup_token_counts(limits) if t <= limits.max_num_tokens)

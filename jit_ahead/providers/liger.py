@@ -14,6 +14,10 @@ How the reachable space is found:
 - RoPE has the batch size and head counts as constexpr and the sequence length as a specialized int:
   every batch size with every sequence length it can have within the limits, prefill and decode, with
   cos/sin shared across the batch (no position ids) or batched (position ids, as ``generate`` passes).
+- Both are planned with shape classes (``shape_classes``): a few traced calls explain how each launch's
+  arguments follow the token count (or batch and sequence length), and only calls that reach every
+  class are planned, the warmup shapes too; a value no form explains plans that part at every shape.
+  ``EngineLimits(extra={"shape_classes": False})`` plans every shape.
 - Cross entropy and fused linear cross entropy run in training only; with ``extra["liger_losses"]`` they
   are planned through transformers' loss function (CE) and Liger's causal LM loss (FLCE). Both read the
   number of non-ignored labels with ``.item()``, which becomes an int kernel argument: the launcher runs
@@ -167,28 +171,66 @@ class LigerProvider(Provider):
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         warm = warmup_token_counts(limits)
+        found = _class_points(layers, limits)
         for site in layers:
             if isinstance(site, RowWiseSite):
-                yield from _row_wise(site, limits, warm)
+                yield from _row_wise(site, limits, warm, found.get((id(site), "rows")))
             elif isinstance(site, RopeSite):
-                yield from _rope(site, limits)
+                yield from _rope(site, limits, found)
             elif isinstance(site, LossSite) and limits.extra.get("liger_losses"):
                 yield from _losses(site, limits)
 
 
-def _row_wise(site: RowWiseSite, limits: EngineLimits, warm: set[int]) -> Iterator[PlannedLaunch]:
-    @torch.no_grad()
-    def run(tokens: int) -> None:
-        if site.ops:  # the ops the layer ran in the probe, at this shape: the layer's launches, faster
-            for op in site.ops:
-                op.at(1, tokens)
-            return
-        args, kwargs = site.call.at(1, tokens)
-        site.caller(*args, **kwargs)
+def _class_points(layers: list, limits: EngineLimits) -> dict[tuple, list[tuple[int, int]] | None]:
+    """Per (site, part): the points whose calls reach every shape class of the part's launches
+    (``shape_classes``, all parts searched together), or None where a value is unexplained; {} where
+    shape classes are off. Parts: "rows" (a row-wise site: (1, token count)), ("rope", shared) (RoPE at
+    (batch, sequence length), cos/sin shared across the batch or not)."""
+    if not limits.extra.get("shape_classes", True):
+        return {}
+    from ..triton.launch_trace import traced
+    from . import shape_classes
 
-    for tokens in range(1, max(limits.max_num_tokens, limits.max_batch_size) + 1):
+    rows = shape_classes.Space("rows", 1, 1, max(limits.max_num_tokens, limits.max_batch_size))
+    rope = shape_classes.Space("rope", 1, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)
+    parts, problems = [], []
+    for site in layers:
+        if isinstance(site, RowWiseSite):
+            parts.append((id(site), "rows"))
+            problems.append(shape_classes.Problem(
+                f"liger provider: {site.label}", (rows,),
+                lambda point, site=site: {"rows": traced(lambda: _run_rows(site, point[1]))}))
+        elif isinstance(site, RopeSite):
+            for shared in (True, False):
+                parts.append((id(site), ("rope", shared)))
+                problems.append(shape_classes.Problem(
+                    f"liger provider: rope{' (cos/sin per row)' if not shared else ''}", (rope,),
+                    lambda point, site=site, shared=shared: {"rope": traced(
+                        lambda: _run_rope(site, point[0], point[1], 1 if shared else point[0]))}))
+    found = shape_classes.search(problems) if problems else []
+    return {part: None if f is None else list(f.points[problem.spaces[0].name])
+            for part, problem, f in zip(parts, problems, found)}
+
+
+@torch.no_grad()
+def _run_rows(site: RowWiseSite, tokens: int) -> None:
+    if site.ops:  # the ops the layer ran in the probe, at this shape: the layer's launches, faster
+        for op in site.ops:
+            op.at(1, tokens)
+        return
+    args, kwargs = site.call.at(1, tokens)
+    site.caller(*args, **kwargs)
+
+
+def _row_wise(site: RowWiseSite, limits: EngineLimits, warm: set[int],
+              points: list | None) -> Iterator[PlannedLaunch]:
+    """Every token count, or (``points``) the warmup ones and those that reach every shape class."""
+    top = max(limits.max_num_tokens, limits.max_batch_size)
+    counts = range(1, top + 1) if points is None else \
+        dict.fromkeys(sorted(t for t in warm if t <= top) + [n for _, n in points])
+    for tokens in counts:
         yield PlannedLaunch(Priority.WARMUP if tokens in warm else Priority.BACKGROUND,
-                            lambda t=tokens: run(t), f"{site.label} tokens={tokens}")
+                            lambda t=tokens: _run_rows(site, t), f"{site.label} tokens={tokens}")
 
 
 def rope_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
@@ -200,26 +242,40 @@ def rope_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
             yield batch, seq
 
 
-def _rope(site: RopeSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
+@torch.no_grad()
+def _run_rope(site: RopeSite, batch: int, seq: int, cos_batch: int) -> None:
     from liger_kernel.transformers.rope import liger_rotary_pos_emb
 
-    @torch.no_grad()
-    def run(batch: int, seq: int, cos_batch: int) -> None:
-        if site.q_seq_major:
-            q = torch.empty(batch, seq, site.q_heads, site.head_dim, dtype=site.dtype, device="meta").transpose(1, 2)
-            k = torch.empty(batch, seq, site.kv_heads, site.head_dim, dtype=site.dtype, device="meta").transpose(1, 2)
-        else:
-            q = torch.empty(batch, site.q_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
-            k = torch.empty(batch, site.kv_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
-        cos = torch.empty(cos_batch, seq, site.rotary_width, dtype=site.cos_dtype, device="meta")
-        liger_rotary_pos_emb(q, k, cos, cos, None, site.unsqueeze_dim, site.rotary_dim)
+    if site.q_seq_major:
+        q = torch.empty(batch, seq, site.q_heads, site.head_dim, dtype=site.dtype, device="meta").transpose(1, 2)
+        k = torch.empty(batch, seq, site.kv_heads, site.head_dim, dtype=site.dtype, device="meta").transpose(1, 2)
+    else:
+        q = torch.empty(batch, site.q_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
+        k = torch.empty(batch, site.kv_heads, seq, site.head_dim, dtype=site.dtype, device="meta")
+    cos = torch.empty(cos_batch, seq, site.rotary_width, dtype=site.cos_dtype, device="meta")
+    liger_rotary_pos_emb(q, k, cos, cos, None, site.unsqueeze_dim, site.rotary_dim)
 
-    for batch, seq in rope_shapes(limits):
-        first = is_warmup_shape(limits, batch, seq)
-        for cos_batch in sorted({1, batch}):
+
+def _rope(site: RopeSite, limits: EngineLimits, found: dict) -> Iterator[PlannedLaunch]:
+    """Every (batch, sequence length) with cos/sin shared across the batch and per row; or (``found``)
+    the warmup shapes and those that reach every shape class, per sharing."""
+    for shared in (True, False):
+        points = found.get((id(site), ("rope", shared)))
+        shapes = rope_shapes(limits) if points is None else dict.fromkeys(rope_shapes_of_warmup(limits) + points)
+        for batch, seq in shapes:
+            cos_batch = 1 if shared else batch
+            if not shared and batch == 1:  # the same call as shared
+                continue
+            first = is_warmup_shape(limits, batch, seq)
             yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
-                                lambda b=batch, s=seq, c=cos_batch: run(b, s, c),
+                                lambda b=batch, s=seq, c=cos_batch: _run_rope(site, b, s, c),
                                 f"rope B={batch} S={seq} cos_batch={cos_batch}")
+
+
+def rope_shapes_of_warmup(limits: EngineLimits) -> list[tuple[int, int]]:
+    """The (batch, sequence length) pairs of an engine's warmup (``is_warmup_shape``) within the limits."""
+    longest = (1, max(1, min(limits.max_num_tokens, limits.max_seq_len)))
+    return [longest] + [(b, 1) for b in limits.cuda_graph_batch_sizes if 1 <= b <= limits.max_batch_size]
 
 
 def _losses(site: LossSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:

@@ -45,7 +45,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from . import shape_classes
+from . import forked_planning, shape_classes
 from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
 from .device_gates import meta_stands_for_the_gpu
 from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
@@ -393,26 +393,27 @@ class ModelProvider(Provider):
         candidates = [(claimed + repeated + quiet_beside_claims, reference.outside),
                       (claimed + repeated, reference.outside),
                       (repeated + quiet, reference.everything), (repeated, reference.everything)]
-        for stand_ins, expected in candidates:
-            plans = {id(m): reference.outputs.get(id(m)) for m in stand_ins}
-            if not stand_ins or any(p is None for p in plans.values()):
+        # every candidate is probed at once (in forked processes); the first that launches what the full
+        # replica does is taken
+        tried = [(stand_ins, expected, {id(m): reference.outputs.get(id(m)) for m in stand_ins})
+                 for stand_ins, expected in candidates if stand_ins]
+        tried = [(stand_ins, expected, plans) for stand_ins, expected, plans in tried
+                 if all(p is not None for p in plans.values())]
+        replicas = [Forwards(self._replica(model, stand_ins, plans), calling) for stand_ins, _, plans in tried]
+        for (stand_ins, expected, _), forwards, launched in zip(tried, replicas, self._launched_each(replicas, shapes)):
+            if isinstance(launched, str):
+                log.info("model planner: with %d stand-ins the probe failed (%s)", len(stand_ins), launched)
                 continue
-            forwards = Forwards(self._replica(model, stand_ins, plans), calling)
-            try:
-                launched = self._launched(forwards, shapes)
-            except _Stopped:
-                raise
-            except Exception as exc:
-                log.info("model planner: with %d stand-ins the probe failed (%s: %s)", len(stand_ins),
-                         type(exc).__name__, exc)
-                continue
-            if reference.unclaimed(launched, claims) == reference.unclaimed(expected, claims):
+            if reference.unclaimed(set(launched), claims) == reference.unclaimed(expected, claims):
                 break
             log.info("model planner: %d stand-ins changed the probe's launches; trying fewer", len(stand_ins))
         else:  # every layer runs its own forward
             stand_ins, forwards = [], Forwards(MetaCaller(model, inference=True), calling)
-        padded = self._differs(forwards, Convention(padded=True)) if forwards.cached and calling.mask else False
-        positions = self._differs(forwards, Convention(positions=True)) if calling.positions else False
+        conventions = [c for c, asked in ((Convention(padded=True), forwards.cached and calling.mask),
+                                          (Convention(positions=True), calling.positions)) if asked]
+        differs = dict(zip(conventions, forked_planning.call_all(lambda c: self._differs(forwards, c), conventions)))
+        padded = differs.get(Convention(padded=True), False)
+        positions = differs.get(Convention(positions=True), False)
         log.info("model planner: %s planned through its forward, %d modules stood in for%s%s", type(model).__name__,
                  len(stand_ins), ", padded batches too" if padded else "",
                  ", with and without position ids" if positions else "")
@@ -439,7 +440,7 @@ class ModelProvider(Provider):
         which modules launch, what launches outside the claimed ones, each module's first call."""
         from ..triton import capture
 
-        reference = _Reference()
+        current = [_Reference()]  # what the shape being probed launched, in this process
         caller = MetaCaller(model, inference=True)
         running: list[_Running] = []  # the modules in their forward, innermost last
 
@@ -454,6 +455,7 @@ class ModelProvider(Provider):
             if not running:
                 return
             call = running.pop()
+            reference = current[0]
             requests = call.capture.requests
             call.stack.close()
             reference.names.update({r.predicted_hash: r.name for r in requests})
@@ -479,7 +481,28 @@ class ModelProvider(Provider):
             id_of[id(replica)] = id(module)
             replica.register_forward_pre_hook(enter, with_kwargs=True)
             replica.register_forward_hook(leave, with_kwargs=True, always_call=True)
-        self._launched(Forwards(caller, calling), shapes)
+        forwards = Forwards(caller, calling)
+
+        def at(shape) -> _Reference:
+            if self._stop():
+                raise _Stopped
+            current[0] = _Reference()
+            running.clear()
+            with capture():
+                request(forwards, shape[0], shape[1], shape[1] + 1)
+            return current[0]
+
+        # each shape in a forked process of its own; merged in shape order (a module's first call is
+        # the first shape's)
+        reference = _Reference()
+        for part in forked_planning.call_all(at, shapes):
+            reference.everything |= part.everything
+            reference.outside |= part.outside
+            reference.names.update(part.names)
+            reference.launching |= part.launching
+            reference.launching_unclaimed |= part.launching_unclaimed
+            for key, plan in part.outputs.items():
+                reference.outputs.setdefault(key, plan)
         return reference
 
     def _claims_cover(self, model, calling: Calling, claims: Claims, claimed: list, shapes) -> bool:
@@ -500,23 +523,40 @@ class ModelProvider(Provider):
         plans = {id(m): outputs.get(id(m)) for m in claimed}
         if any(plan is None for plan in plans.values()):
             return False
-        names: dict = {}
-        launched = self._launched(Forwards(self._replica(model, claimed, plans), calling), shapes, names)
-        return all(names[h] in claims.kernels for h in launched)
+        launched = self._launched(Forwards(self._replica(model, claimed, plans), calling), shapes)
+        return all(name in claims.kernels for name in launched.values())
 
-    def _launched(self, forwards: Forwards, shapes, names: dict | None = None) -> set:
-        """Predicted hashes of what the probe shapes launch: each prefill and a decode step after it."""
+    def _launched(self, forwards: Forwards, shapes) -> dict:
+        """Predicted hash -> kernel name of what the probe shapes launch: each prefill and a decode step
+        after it. Raises where a probe forward fails."""
+        launched = self._launched_each([forwards], shapes)[0]
+        if isinstance(launched, str):
+            raise RuntimeError(launched)
+        return launched
+
+    def _launched_each(self, each: list[Forwards], shapes) -> list[dict | str]:
+        """``_launched`` of each forwards, every (forwards, shape) probed at once in forked processes; a
+        forwards whose probe failed gives the error, as text."""
         from ..triton import capture
 
-        found = set()
-        for batch, tokens in shapes:
+        def probe(item) -> dict | str:
+            index, (batch, tokens) = item
             if self._stop():
                 raise _Stopped
-            with capture() as plan:
-                request(forwards, batch, tokens, tokens + 1)
-            found |= {r.predicted_hash for r in plan.requests}
-            if names is not None:
-                names.update({r.predicted_hash: r.name for r in plan.requests})
+            try:
+                with capture() as plan:
+                    request(each[index], batch, tokens, tokens + 1)
+            except _Stopped:
+                raise
+            except Exception as exc:  # said by the caller, which then does without these stand-ins
+                return f"{type(exc).__name__}: {exc}"
+            return {r.predicted_hash: r.name for r in plan.requests}
+
+        items = [(index, shape) for index in range(len(each)) for shape in shapes]
+        found: list[dict | str] = [{} for _ in each]
+        for (index, _), launched in zip(items, forked_planning.call_all(probe, items)):
+            if isinstance(found[index], dict):
+                found[index] = launched if isinstance(launched, str) else {**found[index], **launched}
         return found
 
     def _differs(self, forwards: Forwards, convention: Convention) -> bool:
@@ -604,22 +644,25 @@ def traced_call(forwards: Forwards, point: tuple[int, int], limits: EngineLimits
 
 def _classified(site: ModelSite, limits: EngineLimits, stop: Callable[[], bool],
                 sampled: dict[str, int]) -> Iterator[PlannedLaunch] | None:
-    """The launches of the points that reach every shape class, per convention; None (with one line)
-    where a value follows no form the classes know: then every shape is planned."""
+    """The launches of the points that reach every shape class, per convention (the conventions searched
+    together); None (with one line) where a value follows no form the classes know: then every shape is
+    planned."""
     forwards = site.forwards
-    chosen = []
+    problems = []
     for convention in site.conventions:
-        owned = spaces(limits, convention, forwards.cached)
-
         def sample(point, c=convention):
             return traced_call(forwards, point, limits, c)
 
-        found = shape_classes.search(f"model planner: {site.label}{_label(convention)}", owned, sample, stop=stop)
-        if found is None:
-            return None
-        sampled[site.label + _label(convention)] = found.calls
-        points = list(dict.fromkeys(found.points.get("prefill", []) + found.points.get("decode", [])))
-        chosen.append((convention, owned[0], points))
+        problems.append(shape_classes.Problem(f"model planner: {site.label}{_label(convention)}",
+                                              tuple(spaces(limits, convention, forwards.cached)), sample))
+    found = shape_classes.search(problems, stop=stop)
+    if any(f is None for f in found):
+        return None
+    chosen = []
+    for convention, problem, classified in zip(site.conventions, problems, found):
+        sampled[site.label + _label(convention)] = classified.calls
+        points = list(dict.fromkeys(classified.points.get("prefill", []) + classified.points.get("decode", [])))
+        chosen.append((convention, problem.spaces[0], points))
     return _class_launches(site, limits, chosen)
 
 

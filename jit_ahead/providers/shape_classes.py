@@ -21,11 +21,13 @@ how each launch's arguments depend on the shape, and picks the calls that reach 
 - a greedy cover of (site, class) pairs picks the points to call.
 
 What cannot be explained by these forms (a value that is none of them, a flag that is not an interval, an
-explanation a random check contradicts) makes ``classify`` return None with the reason: the caller then
-plans every shape, as exact as before and as costly.
+explanation a random check contradicts) gives that problem no classes, with the reason: the caller then
+plans every shape, as exact as before and as costly. Several problems (a model's calling conventions, a
+provider's layers) are searched together, their rounds sharing each batch of calls.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -251,6 +253,30 @@ def _u_breaks(u, b: np.ndarray, levels: Iterable[int]) -> list[np.ndarray]:
 
 
 # -- classes of values ---------------------------------------------------------------------------------------
+_ROW_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
+                    dtype=np.uint64)
+
+
+def row_ids(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An id per row of an integer matrix (equal rows, equal ids: 0, 1, ...) and the first row of each id.
+    Rows are hashed to one integer each (a sort of those, not of rows, which numpy's unique by rows does
+    slowly); rows with equal hashes are then compared, and a collision falls back to numpy's exact way."""
+    matrix = np.asarray(matrix, dtype=np.int64)
+    if matrix.ndim != 2 or matrix.shape[0] == 0:
+        return np.zeros(len(matrix), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        mixed = matrix.astype(np.uint64) * _ROW_MIX[np.arange(matrix.shape[1]) % len(_ROW_MIX)]
+        hashed = np.zeros(matrix.shape[0], dtype=np.uint64)
+        for column in range(matrix.shape[1]):  # rotate between columns: the hash depends on their order
+            hashed = ((hashed << np.uint64(7)) | (hashed >> np.uint64(57))) ^ mixed[:, column]
+    _, first, ids = np.unique(hashed, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if not np.array_equal(matrix, matrix[first[ids]]):
+        _, first, ids = np.unique(matrix, axis=0, return_index=True, return_inverse=True)
+        ids = ids.reshape(-1)
+    return ids, first
+
+
 def int_class(v: np.ndarray) -> np.ndarray:
     """Triton's classes of a specialized integer, finer where unsure: zero, one, divisible by 16, and
     which integer type holds it."""
@@ -294,8 +320,8 @@ class SiteModel:
         if not self.slots:
             return np.where(present, 0, -1)
         features = np.stack([s.feature(b, n) for s in self.slots], axis=1)
-        _, ids = np.unique(features, axis=0, return_inverse=True)
-        return np.where(present, ids.reshape(-1), -1)
+        ids, _ = row_ids(features)
+        return np.where(present, ids, -1)
 
     def signature(self) -> tuple:
         return (self.presence, self.slots)
@@ -313,10 +339,16 @@ class Observations:
     points: set = field(default_factory=set)
     sites: dict = field(default_factory=dict)
 
+    _as_dicts: dict = field(default_factory=dict)  # id of a shared values tuple -> (it, its dict)
+
     def add(self, point: Point, launches: Iterable) -> None:
         self.points.add(point)
         for launch in launches:
-            self.sites.setdefault(launch.site, {})[point] = dict(launch.values)
+            # launches of different points often pass the very same values (launch_trace shares them)
+            known = self._as_dicts.get(id(launch.values))
+            if known is None or known[0] is not launch.values:
+                known = self._as_dicts[id(launch.values)] = (launch.values, dict(launch.values))
+            self.sites.setdefault(launch.site, {})[point] = known[1]
 
     def observed(self, point: Point) -> dict:
         """site -> values at ``point`` (where it launched)."""
@@ -332,8 +364,18 @@ def _fit_poly(points: list[Point], values: list[int]) -> Poly | None:
         return Poly((values[0], 0, 0, 0))
     if any(abs(v) >= 1 << 52 for v in values):
         return None
-    solution, *_ = np.linalg.lstsq(_design(points), np.array(values, dtype=float), rcond=None)
-    poly = Poly(tuple(int(round(c)) for c in solution))
+    design = _design(points)
+    # Only independent columns: where the points fix b (a space of one batch size), 1 and b, n and b n
+    # are the same column, and a least-squares split between them need not round to integers.
+    columns: list[int] = []
+    for column in (0, 2, 1, 3):  # 1, n, b, b n
+        if np.linalg.matrix_rank(design[:, columns + [column]]) > len(columns):
+            columns.append(column)
+    solution, *_ = np.linalg.lstsq(design[:, columns], np.array(values, dtype=float), rcond=None)
+    coefficients = [0, 0, 0, 0]
+    for column, value in zip(columns, solution):
+        coefficients[column] = int(round(value))
+    poly = Poly(tuple(coefficients))
     b, n = _arrays(points)
     return poly if np.array_equal(poly.predict(b, n), np.array(values, dtype=np.int64)) else None
 
@@ -444,6 +486,7 @@ def _u(u: str, point: Point) -> int:
     return n if u == "n" else b if u == "b" else b * n
 
 
+@functools.lru_cache(maxsize=256)
 def _u_range(u: str, space: Space) -> tuple[int, int]:
     if u == "n":
         return 1, max(space.n_max(b) for b in (space.batch_min, space.batch_max)) if space.tokens else space.n_cap
@@ -545,7 +588,7 @@ def _slot_models(site, at: dict, inside: list[Point], space: Space, pool: list[P
         raws = [at[p].get(name) for p in inside]
         if any(r is None for r in raws):
             raise Unexplained(f"{_site_name(site)}: argument {name} is not passed at every launch")
-        if all(r == raws[0] for r in raws):
+        if raws.count(raws[0]) == len(raws):  # (list.count compares identity first: raws are shared)
             constants.append((name, raws[0]))
             continue
         kinds = {(r.kind, r.what, r.exact) for r in raws}
@@ -638,8 +681,11 @@ def candidates(space: Space, models: list[SiteModel]) -> tuple[np.ndarray, np.nd
         keep = valid[:, None] & (n >= 1) & (n <= top[:, None])
         columns_b.append(np.broadcast_to(b[:, None], n.shape)[keep])
         columns_n.append(n[keep])
-    pairs = np.unique(np.stack([np.concatenate(columns_b), np.concatenate(columns_n)], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+    b, n = np.concatenate(columns_b), np.concatenate(columns_n)
+    # one integer per (b, n): n >= 1 and n <= top < span, so the pair is b * span + n
+    span = int(top.max()) + 1
+    pairs = np.unique(b * span + n)
+    return pairs // span, pairs % span
 
 
 def cover(space: Space, models: list[SiteModel], first: Iterable[Point] = ()) -> list[Point]:
@@ -657,7 +703,8 @@ def cover(space: Space, models: list[SiteModel], first: Iterable[Point] = ()) ->
         b = np.concatenate([np.array([p[0] for p in first], dtype=np.int64), b])
         n = np.concatenate([np.array([p[1] for p in first], dtype=np.int64), n])
     matrix = np.stack([m.classes(b, n) for m in models], axis=1)
-    rows, representative = np.unique(matrix, axis=0, return_index=True)
+    _, representative = row_ids(matrix)
+    rows = matrix[representative]
     covered = [set() for _ in models]
     chosen: list[Point] = []
 
@@ -739,85 +786,144 @@ def _site_agrees(model: SiteModel, point: Point, values: dict | None) -> str | N
     return None
 
 
-def classify(spaces: list[Space], sample: Callable[[Point], dict[str, list]], *, seed: int,
-             checks: int = 6, rounds: int = 40, stop: Callable[[], bool] = lambda: False,
-             sample_all: Callable[[list[Point]], list[dict[str, list]]] | None = None) -> Classified:
-    """Explain every site of every space from calls at a few points and return the points that reach every
-    class. ``sample(point)`` calls at ``point`` and returns, per space name, the traced launches that call
-    made in that space (a prefill point also gives the decode step on its cache); ``sample_all(points)``,
-    when given, makes a batch of such calls at once (in other processes). Raises Unexplained with the reason
-    when a value has no explanation or a random check contradicts one."""
-    rng = random.Random(seed)
-    spaces = [s for s in spaces if not s.empty]
-    observations = {s.name: Observations() for s in spaces}
-    by_name = {s.name: s for s in spaces}
-    calls = 0
-    sample_all = sample_all or (lambda points: [sample(p) for p in points])
+@dataclass(frozen=True)
+class Problem:
+    """One search: the spaces of one kind of call and how to sample it. ``sample(point)`` calls at
+    ``point`` and returns, per space name, the traced launches that call made in that space (a prefill
+    point also gives the decode step on its cache); ``who`` names it in log lines."""
 
-    def call(points: list[Point]) -> None:
-        nonlocal calls
-        points = [p for p in dict.fromkeys(points)
-                  if not all(p in observations[s.name].points for s in spaces if s.contains(p))]
-        if stop():
-            raise Unexplained("planning was cancelled")
-        calls += len(points)
-        for point, found in zip(points, sample_all(points)):
-            for name, launches in found.items():
-                if name in observations and by_name[name].contains(point):
-                    observations[name].add(point, launches)
+    who: str
+    spaces: tuple[Space, ...]
+    sample: Callable[[Point], dict[str, list]]
 
-    pools = {s.name: s.random_points(400, rng) for s in spaces}
-    call([p for space in spaces for p in space.start_points()])
-    checked = 0
-    known = {s.name: {} for s in spaces}
-    for _ in range(rounds):
-        fits = {s.name: fit(observations[s.name], s, pools[s.name], known[s.name]) for s in spaces}
-        asks = [p for name, f in fits.items() for p in f.asks if p not in observations[name].points]
-        if asks:
-            call(asks)
-            continue
-        drawn = {s.name: [p for p in s.random_points(checks, rng) if p not in observations[s.name].points]
-                 for s in spaces}
-        call([p for points in drawn.values() for p in points])
+
+class _Search:
+    """One problem's search, a round at a time: the points it asks for, then what their calls traced.
+    Rounds of several searches are made together, so that they share each batch of forked calls."""
+
+    def __init__(self, spaces: Iterable[Space], rng: random.Random, checks: int, rounds: int) -> None:
+        self.spaces = [s for s in spaces if not s.empty]
+        self.rng = rng
+        self.checks = checks
+        self.rounds_left = rounds
+        self.observations = {s.name: Observations() for s in self.spaces}
+        self.by_name = {s.name: s for s in self.spaces}
+        self.pools = {s.name: s.random_points(400, rng) for s in self.spaces}
+        self.known: dict[str, dict] = {s.name: {} for s in self.spaces}
+        self.fits: dict[str, Fit] = {}
+        self.drawn: dict[str, list[Point]] | None = None  # the random checks asked for, to be judged
+        self.calls = 0
+        self.checked = 0
+        self.result: Classified | None = None
+        self.asked = self._new([p for space in self.spaces for p in space.start_points()])
+
+    def _new(self, points: Iterable[Point]) -> list[Point]:
+        """The points not yet called in every space that holds them."""
+        return [p for p in dict.fromkeys(points)
+                if not all(p in self.observations[s.name].points for s in self.spaces if s.contains(p))]
+
+    def take(self, point: Point, found: dict[str, list]) -> None:
+        self.calls += 1
+        for name, launches in found.items():
+            if name in self.observations and self.by_name[name].contains(point):
+                self.observations[name].add(point, launches)
+
+    def advance(self) -> list[Point]:
+        """Once the asked points are taken: the next points to call; [] when ``result`` is set. Raises
+        Unexplained with the reason when a value has no explanation or the checks keep contradicting."""
+        while True:
+            if self.drawn is not None:
+                contradicted = self._judge(self.drawn)
+                self.drawn = None
+                if contradicted is None:
+                    points = {s.name: cover(s, self.fits[s.name].models) for s in self.spaces}
+                    self.result = Classified({n: f.models for n, f in self.fits.items()}, points, self.calls,
+                                             self.checked)
+                    return []
+                log.info("shape classes: a check contradicted the models (%s); sampling more", contradicted)
+            if self.rounds_left == 0:
+                raise Unexplained("the models were still contradicted after every round of sampling")
+            self.rounds_left -= 1
+            self.fits = {s.name: fit(self.observations[s.name], s, self.pools[s.name], self.known[s.name])
+                         for s in self.spaces}
+            asks = self._new(p for name, f in self.fits.items() for p in f.asks
+                             if p not in self.observations[name].points)
+            if asks:
+                return asks
+            self.drawn = {s.name: [p for p in s.random_points(self.checks, self.rng)
+                                   if p not in self.observations[s.name].points] for s in self.spaces}
+            checks = self._new(p for points in self.drawn.values() for p in points)
+            if checks:
+                return checks
+
+    def _judge(self, drawn: dict[str, list[Point]]) -> str | None:
         contradicted = None
-        for space in spaces:
+        for space in self.spaces:
             for point in drawn[space.name]:
-                why = agrees(fits[space.name].models, point, observations[space.name].observed(point))
-                checked += why is None
+                why = agrees(self.fits[space.name].models, point, self.observations[space.name].observed(point))
+                self.checked += why is None
                 contradicted = contradicted or (why and f"{space.name} {point}: {why}")
-        if contradicted is None:
-            points = {s.name: cover(s, fits[s.name].models) for s in spaces}
-            return Classified({n: f.models for n, f in fits.items()}, points, calls, checked)
-        log.info("shape classes: a check contradicted the models (%s); sampling more", contradicted)
-    raise Unexplained(f"the models were still contradicted after {rounds} rounds of sampling")
+        return contradicted
 
 
-def search(who: str, spaces: list[Space], sample: Callable[[Point], dict[str, list]], *,
-           stop: Callable[[], bool] = lambda: False, workers: int | None = None) -> Classified | None:
-    """``classify`` for a planner: a new seed each run, the calls spread over ``workers`` processes forked
-    from this thread (default: ``JIT_AHEAD_PLANNERS``), and one log line either way: the calls chosen, or
-    that ``who`` is planned at every shape and why (None)."""
-    from ..core import forked_calls, knobs
-    from . import meta_shortcuts
+def classify_all(problems: list[Problem], *, seed: int, checks: int = 6, rounds: int = 40,
+                 stop: Callable[[], bool] = lambda: False,
+                 sample_all: Callable[[list], list] | None = None) -> list[Classified | Unexplained]:
+    """Explain every site of every problem's spaces from calls at a few points, and the points that reach
+    every class: per problem, its Classified, or the Unexplained saying why it has none (the others go on).
+    The rounds of all problems are made together: ``sample_all(items)`` makes a batch of calls, each item a
+    ``(problem index, point)`` (default: one after the other, here)."""
+    searches = [_Search(problem.spaces, random.Random(seed + index), checks, rounds)
+                for index, problem in enumerate(problems)]
+    outcome: list[Classified | Unexplained] = [Unexplained("not searched")] * len(problems)
+    sample_all = sample_all or (lambda items: [problems[i].sample(p) for i, p in items])
+    wanted = {index: search.asked for index, search in enumerate(searches)}
+    while wanted:
+        if stop():
+            for index in wanted:
+                outcome[index] = Unexplained("planning was cancelled")
+            break
+        items = [(index, point) for index, points in wanted.items() for point in points]
+        for (index, point), found in zip(items, sample_all(items)):
+            searches[index].take(point, found)
+        following = {}
+        for index in wanted:
+            try:
+                points = searches[index].advance()
+            except Unexplained as exc:
+                outcome[index] = exc
+                continue
+            if points:
+                following[index] = points
+            else:
+                outcome[index] = searches[index].result
+        wanted = following
+    return outcome
 
-    workers = knobs.planner_count() if workers is None else workers
-    enter = meta_shortcuts.install  # a forked process runs nothing of the server's: process-wide is safe
+
+def search(problems: list[Problem], *, stop: Callable[[], bool] = lambda: False,
+           workers: int | None = None) -> list[Classified | None]:
+    """``classify_all`` for a planner: a new seed each run, each round's calls spread over ``workers``
+    processes forked from this thread (default: ``JIT_AHEAD_PLANNERS``), and one log line per problem:
+    the calls chosen, or that it is planned at every shape and why (None)."""
+    from . import forked_planning
+
+    def sample(item: tuple[int, Point]) -> dict[str, list]:
+        index, point = item
+        return problems[index].sample(point)
 
     seed = random.SystemRandom().randrange(1 << 32)
-    try:
-        found = classify(spaces, sample, seed=seed, stop=stop,
-                         sample_all=lambda points: forked_calls.call_all(sample, points, workers, enter=enter))
-    except Unexplained as exc:
-        log.warning("%s is planned at every shape (%s); shape classes seed %d", who, exc, seed)
-        return None
-    chosen = len({p for points in found.points.values() for p in points})
-    log.info("%s: %d calls reach every shape class (%d sampled, %d checked at random; seed %d)", who, chosen,
-             found.calls, found.checked, seed)
-    return found
-
-
-def points_of(who: str, space: Space, launches_at: Callable[[Point], list]) -> list[Point] | None:
-    """``search`` over one space whose calls ``launches_at(point)`` return their traced launches: the points
-    to call, or None (one line said why) where every point must be."""
-    found = search(who, [space], lambda point: {space.name: launches_at(point)})
-    return None if found is None else found.points[space.name]
+    found = classify_all(problems, seed=seed, stop=stop,
+                         sample_all=lambda items: forked_planning.call_all(sample, items, workers))
+    results: list[Classified | None] = []
+    for index, (problem, outcome) in enumerate(zip(problems, found)):
+        if isinstance(outcome, Unexplained):
+            log.warning("%s is planned at every shape (%s); shape classes seed %d", problem.who, outcome,
+                        seed + index)
+            results.append(None)
+            continue
+        chosen = len({p for points in outcome.points.values() for p in points})
+        log.info("%s: %d calls reach every shape class (%d sampled, %d checked at random; seed %d)", problem.who,
+                 chosen, outcome.calls, outcome.checked, seed + index)
+        results.append(outcome)
+    return results

@@ -37,11 +37,19 @@ class Raw:
     what: object = None
     exact: bool = False
 
+    def __reduce__(self):
+        # planning calls send thousands of these back from forked processes: a plain tuple of fields
+        # unpickles several times faster than a dataclass's state dict
+        return Raw, (self.kind, self.value, self.what, self.exact)
+
 
 @dataclass(frozen=True)
 class TracedLaunch:
     site: tuple  # (kernel, code lines of the stack, occurrence)
     values: tuple[tuple[str, Raw], ...]
+
+    def __reduce__(self):
+        return TracedLaunch, (self.site, self.values)
 
 
 class _Trace:
@@ -61,12 +69,12 @@ class _Trace:
             raws = dict(raws)
             for key, value in kwargs.items():
                 if before.get(key, _MISSING) is not value:
-                    raws[key] = raw_of(value, key in exact)
+                    raws[key] = _shared_raw(value, key in exact)
             place = (kernel, stack, "config")
             occurrence = self._seen[place]
             self._seen[place] += 1
             site = (name, stack, ("config", occurrence))
-            self.launches.append(TracedLaunch(site, tuple(sorted(raws.items()))))
+            self.launches.append(TracedLaunch(site, _shared_values(raws)))
             self._last = (kernel, args, kwargs, launch, last[4], raws)
             return
         stack = []
@@ -79,13 +87,36 @@ class _Trace:
         exact = _exact_names(kernel, tuning)
         values = dict(zip(kernel.arg_names, args))
         values.update(kwargs)
-        site = (_kernel_name(kernel), tuple((c.co_filename, c.co_firstlineno, line) for c, line in stack), occurrence)
-        raws = {name: raw_of(value, name in exact) for name, value in values.items()}
-        self.launches.append(TracedLaunch(site, tuple(sorted(raws.items()))))
+        site = _shared((_kernel_name(kernel), _shared(tuple(_shared((c.co_filename, c.co_firstlineno, line))
+                                                              for c, line in stack)), occurrence))
+        raws = {name: _shared_raw(value, name in exact) for name, value in values.items()}
+        self.launches.append(TracedLaunch(site, _shared_values(raws)))
         self._last = (kernel, args, kwargs, launch, site, raws)
 
 
 _constexpr_names: dict = {}
+_interned: dict = {}
+
+
+def _shared(value, key=None):
+    """One object for equal sites, stacks and values across launches and calls: a batch of traced calls
+    sent back from a forked process then pickles each once (pickle's memo), not once per launch. Bounded:
+    the table starts again once it is large."""
+    if len(_interned) > 100_000:
+        _interned.clear()
+    return _interned.setdefault(value if key is None else key, value)
+
+
+def _shared_raw(value, exact: bool) -> "Raw":
+    raw = raw_of(value, exact)
+    # keyed with the value's type: True == 1 == 1.0, and a flag must not come back as a float
+    return _shared(raw, ("raw", raw.kind, type(raw.value), raw.value, raw.what, raw.exact))
+
+
+def _shared_values(raws: dict) -> tuple:
+    values = tuple(sorted(raws.items()))
+    # the raws are shared already, so their identity says what they are
+    return _shared(values, ("values",) + tuple((name, id(raw)) for name, raw in values))
 
 
 def _exact_names(kernel: JITFunction, tuning: tuple[str, ...]) -> frozenset:

@@ -14,8 +14,9 @@ the two alternating, so that a change is measured as a ratio on one machine in o
         [--limits 8192,16,4096] [--planners 1,2,4,8,15] [--repeat 1] [--baseline DIR]
 
 Models: the demo models (gated-deltanet, qwen3-liger, qwen35-hybrid) and the model planner's test models
-(olmo-hybrid, plain-hybrid, qwen3-next-liger: a MoE hybrid, fla-kda); a name ending in ``/model-only`` plans it with the model-level planner alone
-(no library provider), to compare with the providers' path.
+(olmo-hybrid, plain-hybrid, qwen3-next-liger: a MoE hybrid, fla-kda, qwen3-moe-liger: a MoE model); a name
+ending in ``/model-only`` plans it with the model-level planner alone (no library provider), to compare
+with the providers' path.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from first_build import run_child, tree, versions  # noqa: E402
 
 
 TEST_MODELS = {"olmo-hybrid": "olmo_hybrid", "plain-hybrid": "plain_hybrid", "qwen3-next-liger": "qwen3_next_liger",
-               "fla-kda": "fla_kda"}
+               "fla-kda": "fla_kda", "qwen3-moe-liger": "qwen3_moe_liger"}
 
 
 def build(name: str):

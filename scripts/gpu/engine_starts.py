@@ -20,8 +20,16 @@ For each model and limit set, arms in fresh processes, in this order:
                warm cache while jit_ahead plans and builds another model in the background (BUSY_MODEL at
                the large limits, no saved plan, none of its variants built), against the same serving
                without jit_ahead: what background planning and builds cost a serving request
-Each arm does what an engine does: build the model on the GPU, (jit_ahead: start, plan_model, wait_ready
-for every planned variant), warm up (decode at the CUDA-graph batch sizes, one full-length prefill),
+With --engine-style (issue 35: a cold start ready sooner than without jit_ahead), each arm starts as an
+engine does, with weights from disk: the model is built on the GPU, its weights are read from a safetensors
+checkpoint written once with random values (its pages dropped from the page cache before every arm, so
+that each arm reads the disk), and jit_ahead plans the model at construction, before the weights load, so
+that planning and building overlap the load; jit arms then wait for the WARMUP variants only, and the
+BACKGROUND builds go on while the engine warms up and serves (a request whose variant is not built yet
+waits for it, raised to the front of the queue, or builds it in place). Cold arms named jit-cold-N or
+plain-cold-N each get empty folders of their own (Triton cache, plans, records).
+Without it, each arm does what an engine does: build the model on the GPU, (jit_ahead: start, plan_model,
+wait_ready for every planned variant), warm up (decode at the CUDA-graph batch sizes, one full-length prefill),
 mark serving, then serve REQUESTS requests drawn at random across the whole limits: batch 1..max, prompt
 up to the longest the batch allows (half of them long), 1..4 decode steps; every third request padded
 (prompts of random lengths with an attention mask). The shapes come from one seed drawn anew for each
@@ -49,14 +57,20 @@ from serving_loop import versions  # noqa: E402
 T0 = time.perf_counter()
 
 SETS = {"engine": dict(max_num_tokens=8192, max_batch_size=16, max_seq_len=4096),
-        "large": dict(max_num_tokens=16384, max_batch_size=32, max_seq_len=8192)}
+        "large": dict(max_num_tokens=16384, max_batch_size=32, max_seq_len=8192),
+        # the two limit sets of issue 35
+        "mid": dict(max_num_tokens=16384, max_batch_size=64, max_seq_len=8192),
+        "limits": dict(max_num_tokens=32768, max_batch_size=256, max_seq_len=32768)}
 # the demo models (4 layers, as a user tried them) and configurations no test uses
 MODELS = {"qwen3-liger": dict(hidden=512, heads=8, kv_heads=4, head_dim=64),
           "gated-deltanet": dict(hidden=512, heads=4, head_dim=64, expand_v=2.0),
           "qwen3-liger-2048": dict(hidden=2048, heads=16, kv_heads=4, head_dim=128),
           "gated-deltanet-1024": dict(hidden=1024, heads=8, head_dim=128, expand_v=1.0),
           # no provider knows its layers (transformers' own, calling fla's ops): the model-level planner
-          "qwen35-hybrid": dict(hidden=1024)}
+          "qwen35-hybrid": dict(hidden=1024),
+          # real-sized for a checkpoint on disk (--engine-style): about 0.8 B parameters, 1.6 GB in bf16
+          "qwen3-liger-1b": dict(hidden=2048, heads=16, kv_heads=4, head_dim=128, layers=16),
+          "gated-deltanet-1b": dict(hidden=2048, heads=8, head_dim=128, expand_v=1.0, layers=16)}
 REQUESTS = 40
 BUSY_MODEL = ("gated-deltanet-1024", "large")
 
@@ -76,18 +90,66 @@ def build(name: str, device: str):
 
             apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True)
             config = Qwen3Config(hidden_size=settings["hidden"], intermediate_size=settings["hidden"] * 3,
-                                 num_hidden_layers=4, num_attention_heads=settings["heads"],
+                                 num_hidden_layers=settings.get("layers", 4), num_attention_heads=settings["heads"],
                                  num_key_value_heads=settings["kv_heads"], head_dim=settings["head_dim"],
                                  vocab_size=4096, max_position_embeddings=32768)
             model = Qwen3ForCausalLM(config)
         else:
             from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
 
-            config = GatedDeltaNetConfig(hidden_size=settings["hidden"], num_hidden_layers=4,
+            config = GatedDeltaNetConfig(hidden_size=settings["hidden"], num_hidden_layers=settings.get("layers", 4),
                                          num_heads=settings["heads"], head_dim=settings["head_dim"],
                                          expand_v=settings["expand_v"], vocab_size=4096)
             model = GatedDeltaNetForCausalLM(config)
     return model.to(torch.bfloat16).eval()
+
+
+def checkpoint_path(folder: str, name: str) -> str:
+    return os.path.join(folder, f"{name}.safetensors")
+
+
+def write_checkpoint(folder: str, name: str) -> str:
+    """The model's weights with random values (as a trained checkpoint's sizes and dtypes), once per
+    folder: what an engine-style arm reads from disk."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = checkpoint_path(folder, name)
+    if os.path.exists(path):
+        return path
+    model = build(name, "meta")
+    generator = torch.Generator().manual_seed(0)
+    state = {key: (torch.randn(value.shape, generator=generator) * 0.02).to(value.dtype)
+             for key, value in model.state_dict().items()}
+    save_file(state, path + ".part")
+    os.replace(path + ".part", path)
+    return path
+
+
+def drop_from_page_cache(path: str) -> bool:
+    """Ask the kernel to drop the file's pages, so that the next read comes from the disk."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def load_weights(model, path: str) -> dict:
+    """The checkpoint's tensors read onto the GPU and copied into the model, as an engine loads weights."""
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    state = load_file(path, device="cuda")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    return {"weights_gb": round(sum(t.numel() * t.element_size() for t in state.values()) / 1e9, 2),
+            "weights_load_s": round(time.perf_counter() - t0, 2), "weights_missing": len(missing),
+            "weights_unexpected": len(unexpected)}
 
 
 def request_mix(limits: dict, seed: int) -> list[tuple[int, int, int, bool]]:
@@ -238,14 +300,22 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     torch.manual_seed(0)
     torch.empty(1, device="cuda")  # the CUDA context, timed apart from the model's own imports and build
     t_cuda = time.perf_counter() - T0
+    checkpoint = os.environ.get("ENGINE_STARTS_CHECKPOINT")  # --engine-style: weights from disk
     model = build(model_name, "cuda")
+    run = None
+    loaded = {}
+    if checkpoint:
+        if session is not None and arm != "busy-jit":  # at construction: planning and builds overlap the load
+            run = session.plan_model(model, limits)
+        loaded = load_weights(model, checkpoint)
     t_model = time.perf_counter() - T0
     profile_top = _profile_top(profiler) if profiler is not None else None
-    run = None
     if arm == "busy-jit":  # background work for the whole serving time: another model, planned and built
         busy_model, busy_set = BUSY_MODEL
         run = session.plan_model(build(busy_model, "meta"), EngineLimits(**SETS[busy_set]))
         ready = None
+    elif session is not None and checkpoint:  # an engine warms up once its warmup's variants are built
+        ready = session.wait_ready(timeout=1200, priority=Priority.WARMUP)
     elif session is not None:
         run = session.plan_model(model, limits)
         ready = session.wait_ready(timeout=1200, priority=Priority.BACKGROUND)
@@ -281,11 +351,14 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
               "serving_compiled": sorted(set(counter.compiled["serving"])),
               "autotune_runs_warmup": tuning.runs["warmup"], "autotune_runs_serving": tuning.runs["serving"],
               "host_builds_warmup": host.builds["warmup"], "host_builds_serving": host.builds["serving"]}
+    result.update(loaded)
     result["choices"] = autotune_choices()
     result["serving_watch"] = serving_watch
     result["request_s"] = [round(t, 4) for t in latencies]
     if profile_top is not None:
         result["start_profile"] = profile_top
+    if session is not None and arm != "busy-jit":  # what was still building when the mix was served
+        result["builds_pending_at_end"] = session.triton.table.pending()
     if arm == "busy-jit":  # was the background work still going when serving ended?
         result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.table.pending(),
                       busy_planned=sum(run.variants.values()))
@@ -416,6 +489,20 @@ def report_lines(report: dict) -> list[str]:
                 lines.append(f"\n{model} {set_name}: warm start with jit_ahead / without, median process time of "
                              f"{len(warm['jit-warm'])} and {len(warm['plain-warm'])} interleaved runs: "
                              f"{median(warm['jit-warm']) / median(warm['plain-warm']):.3f}")
+            cold = {kind: [r for r in results if (r.get("model"), r.get("set")) == (model, set_name) and "error" not in r
+                           and (r.get("arm") == f"{kind}-cold" or r.get("arm", "").startswith(f"{kind}-cold-"))]
+                    for kind in ("jit", "plain")}
+            if cold["jit"] and cold["plain"]:
+                process = {k: median(r["process_s"] for r in v) for k, v in cold.items()}
+                # ready to serve: the warmup and (jit_ahead) the tune-ahead done, as an engine says "ready"
+                ready = {k: median(r["warmup_end_s"] + r["tune_ahead_s"] for r in v) for k, v in cold.items()}
+                lines.append(f"\n{model} {set_name}: cold start with jit_ahead / without, medians of {len(cold['jit'])} "
+                             f"and {len(cold['plain'])} runs: process time {process['jit']:.1f} / {process['plain']:.1f} s "
+                             f"= {process['jit'] / process['plain']:.3f}; ready to serve {ready['jit']:.1f} / {ready['plain']:.1f} s; "
+                             f"executor compiles after ready {[r['executor_compiles_serving'] for r in cold['jit']]} / "
+                             f"{[r['executor_compiles_serving'] for r in cold['plain']]}; autotune runs after ready "
+                             f"{[r['autotune_runs_serving'] for r in cold['jit']]} / "
+                             f"{[r['autotune_runs_serving'] for r in cold['plain']]}")
             pairs = {arm: [r["serving_s"] for r in runs_of(model, set_name, arm)] for arm in ("busy-plain", "busy-jit")}
             if pairs["busy-plain"] and pairs["busy-jit"]:
                 lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
@@ -470,6 +557,9 @@ def main() -> int:
     parser.add_argument("--arm-timeout", type=float, default=580)
     parser.add_argument("--no-prime", dest="prime", action="store_false",
                         help="skip the untimed first process (see 'prime' above)")
+    parser.add_argument("--engine-style", metavar="FOLDER", default=None,
+                        help="weights from a checkpoint in FOLDER (written there once), planned at construction, "
+                             "jit arms ready at WARMUP (see above)")
     parser.add_argument("--profile-start", action="store_true",
                         help="profile each arm's main thread up to the built model (start_profile in the json)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
@@ -495,6 +585,14 @@ def main() -> int:
             + pairs("busy-plain", "busy-jit", args.busy))
     results = []
     os.makedirs(args.out, exist_ok=True)
+    checkpoints = {}
+    if args.engine_style:
+        os.makedirs(args.engine_style, exist_ok=True)
+        for model in args.models.split(","):
+            t0 = time.perf_counter()
+            checkpoints[model] = write_checkpoint(args.engine_style, model)
+            print(f"checkpoint {checkpoints[model]}: {os.path.getsize(checkpoints[model]) / 1e9:.2f} GB "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
     if args.prime:  # the first process on a machine pays one-off costs no later one does: none of the arms
         model, set_name = args.models.split(",")[0], args.sets.split(",")[0]
         with tempfile.TemporaryDirectory() as scratch:
@@ -520,7 +618,11 @@ def main() -> int:
                     if arm.endswith("-norecords"):  # the same arm with recording and replay off
                         env.pop("JIT_AHEAD_RECORD_DIR")
                     if arm.startswith(("jit-cold-", "plain-cold-")):  # another cold arm: cold folders of its own
-                        env.update(TRITON_CACHE_DIR=tempfile.mkdtemp(dir=scratch), JIT_AHEAD_PLAN_DIR=tempfile.mkdtemp(dir=scratch))
+                        env.update(TRITON_CACHE_DIR=tempfile.mkdtemp(dir=scratch), JIT_AHEAD_PLAN_DIR=tempfile.mkdtemp(dir=scratch),
+                                   JIT_AHEAD_RECORD_DIR=tempfile.mkdtemp(dir=scratch))
+                    if model in checkpoints:
+                        env["ENGINE_STARTS_CHECKPOINT"] = checkpoints[model]
+                        drop_from_page_cache(checkpoints[model])
                     if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time
                         env["JIT_AHEAD_PLAN_DIR"] = tempfile.mkdtemp(dir=scratch)
                         env.pop("JIT_AHEAD_RECORD_DIR")
