@@ -93,7 +93,17 @@ def main() -> int:
     args = parser.parse_args()
     limits = tuple(int(v) for v in args.limits.split(","))
     if args.one:
-        print("RUN " + json.dumps(one_run(args.models, limits)), flush=True)
+        # The code to measure goes first on the path: the bench helpers imported above put this checkout's
+        # root there, which would otherwise shadow a --baseline's jit_ahead (it did, until this check).
+        code = os.environ.get("PLANNING_WALL_CODE")
+        if code:
+            assert "jit_ahead" not in sys.modules, "jit_ahead was imported before the code to measure was chosen"
+            sys.path.insert(0, code)
+        result = one_run(args.models, limits)
+        import jit_ahead
+
+        result["jit_ahead"] = os.path.dirname(os.path.dirname(os.path.abspath(jit_ahead.__file__)))
+        print("RUN " + json.dumps(result), flush=True)
         return 0
     if not args.out:
         parser.error("--out is required")
@@ -105,8 +115,8 @@ def main() -> int:
 
     def launch(model: str, planners: str, plans: str, code: str) -> dict:
         env = dict(os.environ, JIT_AHEAD_PLANNERS=planners, JIT_AHEAD_PLAN_DIR=plans)
-        if codes[code]:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [codes[code], env.get("PYTHONPATH")]))
+        env["PLANNING_WALL_CODE"] = codes[code] or os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))))
         result = run_child(__file__, ["--models", model, "--limits", args.limits], env, 3600,
                            {"model": model, "planners": planners})
         return dict(result, code=code)
