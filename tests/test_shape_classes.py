@@ -43,20 +43,23 @@ def model_plan(model, limits):
     return {r.predicted_hash: r.name for r in planned.requests}, launches, provider, sites
 
 
-def providers_plan(model, limits):
+def providers_plan(model, limits, run: bool = True):
     """Every built-in provider, the model planner last with what the others claim, as plan_model runs them:
-    the predicted hashes planned and the number of launches run."""
+    the predicted hashes planned (none unless ``run``) and the number of launches, plus the calls the
+    providers made to find shape classes."""
     from jit_ahead.providers.builtin import builtin_providers
 
-    claims, count = Claims(), 0
+    claims, count, sampled = Claims(), 0, 0
     with capture() as found:
         for provider in sorted(builtin_providers(), key=lambda p: p.sees_claims):
             sites = provider.find_layers(model, claims, limits) if provider.sees_claims else provider.find_layers(model)
             claims |= provider.claims(model, sites)
             for launch in (provider.launches(sites, limits) if sites else []):
-                launch.run()
+                if run:
+                    launch.run()
                 count += 1
-    return {r.predicted_hash for r in found.requests}, count
+            sampled += sum(provider.sampled.values()) if sites else 0
+    return {r.predicted_hash for r in found.requests}, count, sampled
 
 
 def every_shape(limits):
@@ -145,7 +148,7 @@ def test_random_calls_at_engine_limits_launch_only_what_the_providers_planned(na
     decodes among them."""
     caplog.set_level(logging.INFO, logger="jit_ahead.providers")
     model = LIBRARY_MODELS[name]()
-    planned, count = providers_plan(model, ENGINE)
+    planned, count, _ = providers_plan(model, ENGINE)
     assert "is planned at every shape" not in caplog.text  # every value was explained
     assert count < 5000
     _check_random_calls(model, ENGINE, planned, 10, padded=True)
@@ -164,6 +167,21 @@ def test_planning_calls_do_not_grow_with_the_token_and_length_limits():
         counts[tokens] = len(launches) + sum(provider.sampled.values())
         sweeps[tokens] = sum(1 for _ in _sweep(sites[0], limits))
     assert sweeps[32768] > 3 * sweeps[8192]  # every shape: the calls grow with the limits
+    assert counts[32768] <= 1.25 * counts[8192] + 20, counts  # shape classes: they do not
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_MODELS))
+def test_the_library_providers_calls_do_not_grow_with_the_token_and_length_limits(name):
+    """Launches listed plus calls sampled, counted (not timed) at 8192 and at 32768 tokens and lengths."""
+    model = LIBRARY_MODELS[name]()
+    counts, every = {}, {}
+    for tokens in (8192, 32768):
+        limits = EngineLimits(max_num_tokens=tokens, max_batch_size=64, max_seq_len=tokens,
+                              cuda_graph_batch_sizes=(1, 2, 4, 8))
+        _, listed, sampled = providers_plan(model, limits, run=False)
+        counts[tokens] = listed + sampled
+        every[tokens] = providers_plan(model, every_shape(limits), run=False)[1]
+    assert every[32768] > 3 * every[8192], every  # every shape: the calls grow with the limits
     assert counts[32768] <= 1.25 * counts[8192] + 20, counts  # shape classes: they do not
 
 
@@ -290,8 +308,8 @@ def test_the_library_providers_with_shape_classes_plan_what_they_plan_at_every_s
     row), with the model planner after them, as plan_model runs them."""
     model = LIBRARY_MODELS[name]()
     limits = EngineLimits(max_num_tokens=600, max_batch_size=12, max_seq_len=600, cuda_graph_batch_sizes=(1, 2, 4))
-    classes, few = providers_plan(model, limits)
-    shapes, every = providers_plan(model, every_shape(limits))
+    classes, few, _ = providers_plan(model, limits)
+    shapes, every, _ = providers_plan(model, every_shape(limits))
     assert classes == shapes and few < every / 2
 
 

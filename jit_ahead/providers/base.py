@@ -50,6 +50,9 @@ class Provider(ABC):
     # its ``find_layers`` also gets what they claim, the limits and whether planning was cancelled:
     # ``find_layers(model, claims, limits, stop)``
     sees_claims: ClassVar[bool] = False
+    # calls the last ``launches`` made to find shape classes, by problem (``shape_classes``): what planning
+    # costs beside the launches it lists; each ``launches`` sets a dict of its own
+    sampled: dict[str, int] = {}
 
     @abstractmethod
     def find_layers(self, model) -> list:

@@ -212,7 +212,8 @@ class FlaGatedDeltaNetProvider(Provider):
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         graphs = set(limits.cuda_graph_batch_sizes)
         warm = warmup_token_counts(limits)
-        found = _class_points(layers, limits)
+        self.sampled = {}
+        found = _class_points(layers, limits, self.sampled)
         for site in layers:
             if isinstance(site, ModuleSite) and site.by_rows:
                 for total in _totals(site, limits, found.get((id(site), "totals"))):
@@ -249,24 +250,24 @@ class FlaGatedDeltaNetProvider(Provider):
                                             f"{site.label} padded decode B={batch}")
 
 
-def _class_points(layers: list, limits: EngineLimits) -> dict[tuple, list[tuple[int, int]] | None]:
+def _class_points(layers: list, limits: EngineLimits,
+                  sampled: dict[str, int]) -> dict[tuple, list[tuple[int, int]] | None]:
     """Per (site, part): the points whose calls reach every shape class of the part's launches
     (``shape_classes``, every part of every site searched together), or None where a value is unexplained;
     {} where shape classes are off. Parts: "prefill" (batch, tokens), "totals" (a row-wise site, as batch x
     tokens), and ("padded", shortest, longest) per padded mode (a space of one batch whose length is the
-    valid-token total)."""
+    valid-token total). ``sampled`` gets the calls each part's search made."""
     if not limits.extra.get("shape_classes", True):
         return {}
     from ..triton.launch_trace import traced
     from . import shape_classes
 
     prefill = shape_classes.Space("prefill", 1, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)
-    parts, problems = [], []
+    parts = []
 
     def add(site, part, label: str, space, launches_at) -> None:
-        parts.append((id(site), part))
-        problems.append(shape_classes.Problem(f"fla provider: {site.label}{label}", (space,),
-                                              lambda point: {space.name: launches_at(point)}))
+        parts.append(((id(site), part), shape_classes.Problem(f"fla provider: {site.label}{label}", (space,),
+                                                              lambda point: {space.name: launches_at(point)})))
 
     for site in layers:
         if isinstance(site, ModuleSite):
@@ -284,9 +285,7 @@ def _class_points(layers: list, limits: EngineLimits) -> dict[tuple, list[tuple[
 
                 add(site, ("padded", shortest, longest), f" padded, lengths {shortest}-{longest}",
                     shape_classes.Space("padded", 1, 1, top), padded_at)
-    found = shape_classes.search(problems)
-    return {part: None if f is None else list(f.points[problem.spaces[0].name])
-            for part, problem, f in zip(parts, problems, found)}
+    return shape_classes.search_parts(parts, sampled)
 
 
 def _prefills(site, limits: EngineLimits, points: list | None) -> Iterable[tuple[int, int]]:

@@ -171,7 +171,8 @@ class LigerProvider(Provider):
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         warm = warmup_token_counts(limits)
-        found = _class_points(layers, limits)
+        self.sampled = {}
+        found = _class_points(layers, limits, self.sampled)
         for site in layers:
             if isinstance(site, RowWiseSite):
                 yield from _row_wise(site, limits, warm, found.get((id(site), "rows")))
@@ -181,11 +182,13 @@ class LigerProvider(Provider):
                 yield from _losses(site, limits)
 
 
-def _class_points(layers: list, limits: EngineLimits) -> dict[tuple, list[tuple[int, int]] | None]:
+def _class_points(layers: list, limits: EngineLimits,
+                  sampled: dict[str, int]) -> dict[tuple, list[tuple[int, int]] | None]:
     """Per (site, part): the points whose calls reach every shape class of the part's launches
     (``shape_classes``, all parts searched together), or None where a value is unexplained; {} where
     shape classes are off. Parts: "rows" (a row-wise site: (1, token count)), ("rope", shared) (RoPE at
-    (batch, sequence length), cos/sin shared across the batch or not)."""
+    (batch, sequence length), cos/sin shared across the batch or not). ``sampled`` gets the calls each
+    part's search made."""
     if not limits.extra.get("shape_classes", True):
         return {}
     from ..triton.launch_trace import traced
@@ -193,23 +196,19 @@ def _class_points(layers: list, limits: EngineLimits) -> dict[tuple, list[tuple[
 
     rows = shape_classes.Space("rows", 1, 1, max(limits.max_num_tokens, limits.max_batch_size))
     rope = shape_classes.Space("rope", 1, limits.max_batch_size, limits.max_seq_len, limits.max_num_tokens)
-    parts, problems = [], []
+    parts = []
     for site in layers:
         if isinstance(site, RowWiseSite):
-            parts.append((id(site), "rows"))
-            problems.append(shape_classes.Problem(
+            parts.append(((id(site), "rows"), shape_classes.Problem(
                 f"liger provider: {site.label}", (rows,),
-                lambda point, site=site: {"rows": traced(lambda: _run_rows(site, point[1]))}))
+                lambda point, site=site: {"rows": traced(lambda: _run_rows(site, point[1]))})))
         elif isinstance(site, RopeSite):
             for shared in (True, False):
-                parts.append((id(site), ("rope", shared)))
-                problems.append(shape_classes.Problem(
+                parts.append(((id(site), ("rope", shared)), shape_classes.Problem(
                     f"liger provider: rope{' (cos/sin per row)' if not shared else ''}", (rope,),
                     lambda point, site=site, shared=shared: {"rope": traced(
-                        lambda: _run_rope(site, point[0], point[1], 1 if shared else point[0]))}))
-    found = shape_classes.search(problems) if problems else []
-    return {part: None if f is None else list(f.points[problem.spaces[0].name])
-            for part, problem, f in zip(parts, problems, found)}
+                        lambda: _run_rope(site, point[0], point[1], 1 if shared else point[0]))})))
+    return shape_classes.search_parts(parts, sampled)
 
 
 @torch.no_grad()

@@ -349,8 +349,6 @@ class ModelProvider(Provider):
     sees_claims = True
     modules = ()
     _stop: Callable[[], bool] = staticmethod(lambda: False)
-    # calls made to find shape classes, by site label: what planning costs beside the calls it plans
-    sampled: dict[str, int]
 
     def find_layers(self, model, claims: Claims = Claims(), limits: EngineLimits = EngineLimits(),
                     stop: Callable[[], bool] = lambda: False) -> list:

@@ -927,3 +927,14 @@ def search(problems: list[Problem], *, stop: Callable[[], bool] = lambda: False,
                  chosen, outcome.calls, outcome.checked, seed + index)
         results.append(outcome)
     return results
+
+
+def search_parts(parts: list[tuple[object, Problem]], sampled: dict[str, int],
+                 stop: Callable[[], bool] = lambda: False) -> dict[object, list[Point] | None]:
+    """``search`` of problems of one space each, named by a part key: per key, the points of its space
+    that reach every class, or None (every point, one line said why). ``sampled`` gets each explained
+    problem's call count, by who."""
+    found = search([problem for _, problem in parts], stop=stop) if parts else []
+    sampled.update({problem.who: f.calls for (_, problem), f in zip(parts, found) if f is not None})
+    return {part: None if f is None else list(f.points[problem.spaces[0].name])
+            for (part, problem), f in zip(parts, found)}
