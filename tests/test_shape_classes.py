@@ -348,6 +348,42 @@ def test_traced_values_that_compare_equal_keep_their_types():
     assert type(values[0][0][1].value) is bool and type(values[1][0][1].value) is float
 
 
+def test_a_launch_site_does_not_depend_on_a_probe_in_another_thread():
+    """Sites are named by their Python stack; while another thread's probe has torch.autograd.Function.apply
+    patched (Liger's probe does, in a demo planning three models at once), fla's calls pass through the
+    dispatcher. Its frames must not make other sites: the demo's fla padded mode was once planned at every
+    total because some of its sampled calls ran during the Liger model's probe."""
+    import threading
+
+    from jit_ahead.providers import fla
+    from jit_ahead.providers.thread_patch import patched_in_this_thread
+    from jit_ahead.triton.launch_trace import traced
+
+    model = demo_models.fla_gated_deltanet(layers=1)
+    site = next(s for s in fla.FlaGatedDeltaNetProvider().find_layers(model) if isinstance(s, fla.GatedDeltaNetSite))
+
+    def sites() -> list:  # one place for both calls: a site includes the lines that led to the launch
+        return [launch.site for launch in traced(lambda: fla._prefill(site, 2, 70))]
+
+    alone = sites()
+    holding, done = threading.Event(), threading.Event()
+
+    def probe_elsewhere():
+        with patched_in_this_thread(torch.autograd.Function, "apply", lambda original, *a, **k: original(*a, **k)):
+            holding.set()
+            done.wait(60)
+
+    other = threading.Thread(target=probe_elsewhere)
+    other.start()
+    try:
+        assert holding.wait(60)
+        beside = sites()
+    finally:
+        done.set()
+        other.join()
+    assert beside == alone
+
+
 def _synthetic(kind):
     """A sample function of one launch site whose value follows the point: a power-of-two step of n (a
     constexpr), or no form at all (a value hashed from the point)."""

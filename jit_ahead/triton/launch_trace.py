@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -79,7 +80,8 @@ class _Trace:
             return
         stack = []
         while frame is not None and frame is not self.root:
-            stack.append((frame.f_code, frame.f_lineno))
+            if not frame.f_code.co_filename.endswith(_TRANSPARENT):
+                stack.append((frame.f_code, frame.f_lineno))
             frame = frame.f_back
         place = (kernel, tuple(stack))
         occurrence = self._seen[place]
@@ -95,6 +97,10 @@ class _Trace:
 
 
 _constexpr_names: dict = {}
+# Frames a launch passes through only while some thread has a function patched for a probe (the
+# dispatchers of providers/thread_patch.py, e.g. around torch.autograd.Function.apply during Liger's probe):
+# left out of the site, which must not depend on what another thread is probing meanwhile.
+_TRANSPARENT = (os.path.join("jit_ahead", "providers", "thread_patch.py"),)
 _interned: dict = {}
 
 
