@@ -82,6 +82,13 @@ def warmup_token_counts(limits: EngineLimits) -> set[int]:
     return {*limits.cuda_graph_batch_sizes, min(limits.max_num_tokens, limits.max_seq_len)}
 
 
+def warmup_shapes(limits: EngineLimits) -> list[tuple[int, int]]:
+    """The (batch, tokens per sequence) shapes of an engine's warmup within the limits (``is_warmup_shape``):
+    the full-length prefill, then one token at each CUDA-graph batch size."""
+    longest = (1, max(1, min(limits.max_num_tokens, limits.max_seq_len)))
+    return [longest] + [(b, 1) for b in limits.cuda_graph_batch_sizes if 1 <= b <= limits.max_batch_size]
+
+
 def is_warmup_shape(limits: EngineLimits, batch: int, seq: int) -> bool:
     """A (batch, tokens per sequence) shape the engine's warmup runs (see ``warmup_token_counts``)."""
     return (seq == 1 and batch in limits.cuda_graph_batch_sizes) or (

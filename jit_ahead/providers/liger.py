@@ -35,7 +35,7 @@ import torch
 
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
-from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_token_counts
+from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_shapes, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,
                    probe)
 from .thread_patch import patched_in_this_thread
@@ -260,7 +260,7 @@ def _rope(site: RopeSite, limits: EngineLimits, found: dict) -> Iterator[Planned
     the warmup shapes and those that reach every shape class, per sharing."""
     for shared in (True, False):
         points = found.get((id(site), ("rope", shared)))
-        shapes = rope_shapes(limits) if points is None else dict.fromkeys(rope_shapes_of_warmup(limits) + points)
+        shapes = rope_shapes(limits) if points is None else dict.fromkeys(warmup_shapes(limits) + points)
         for batch, seq in shapes:
             cos_batch = 1 if shared else batch
             if not shared and batch == 1:  # the same call as shared
@@ -269,12 +269,6 @@ def _rope(site: RopeSite, limits: EngineLimits, found: dict) -> Iterator[Planned
             yield PlannedLaunch(Priority.WARMUP if first else Priority.BACKGROUND,
                                 lambda b=batch, s=seq, c=cos_batch: _run_rope(site, b, s, c),
                                 f"rope B={batch} S={seq} cos_batch={cos_batch}")
-
-
-def rope_shapes_of_warmup(limits: EngineLimits) -> list[tuple[int, int]]:
-    """The (batch, sequence length) pairs of an engine's warmup (``is_warmup_shape``) within the limits."""
-    longest = (1, max(1, min(limits.max_num_tokens, limits.max_seq_len)))
-    return [longest] + [(b, 1) for b in limits.cuda_graph_batch_sizes if 1 <= b <= limits.max_batch_size]
 
 
 def _losses(site: LossSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:

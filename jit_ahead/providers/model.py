@@ -46,7 +46,7 @@ import torch
 from ..core.limits import EngineLimits
 from ..core.priority import Priority
 from . import forked_planning, shape_classes
-from .base import Claims, PlannedLaunch, Provider, is_warmup_shape
+from .base import Claims, PlannedLaunch, Provider, is_warmup_shape, warmup_shapes
 from .device_gates import meta_stands_for_the_gpu
 from .meta import MetaCaller, layer_settings, meta_reads_answered, with_host_indices_if_needed
 
@@ -666,8 +666,7 @@ def _classified(site: ModelSite, limits: EngineLimits, stop: Callable[[], bool],
 
 def _class_launches(site: ModelSite, limits: EngineLimits, chosen: list) -> Iterator[PlannedLaunch]:
     forwards, longest = site.forwards, limits.max_seq_len
-    warm = [(1, min(limits.max_num_tokens, limits.max_seq_len))] + [(b, 1) for b in limits.cuda_graph_batch_sizes
-                                                                     if 1 <= b <= limits.max_batch_size]
+    warm = warmup_shapes(limits)
     for convention, prefill, points in chosen:
         for batch, tokens in dict.fromkeys([p for p in warm if prefill.contains(p)] + points):
             label = f"{site.label} B={batch} T={tokens}{_label(convention)}"
