@@ -45,6 +45,8 @@ class Coverage:
     serving_at: float | None
     bad_lines: int
     tune_ahead: list[dict] = field(default_factory=list)  # each tune_ahead event's counts and reasons
+    waits: list[dict] = field(default_factory=list)  # launches blocked over LONG_WAIT_S: label, seconds, cause...
+    ready: dict | None = None  # the ready line's figures
 
 
 class NotAStatsLog(ValueError):
@@ -97,6 +99,7 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
     built, loaded = set(), set()
     starts: dict[tuple, float] = {}
     spans, unplanned, serving_at, tuned = [], [], None, []
+    waits, ready = [], None
 
     def kernel(key: str | None, name: str | None = None) -> str:
         return kernel_of.get(key, name or "?")
@@ -106,6 +109,10 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
         phase = "serving" if stamp.phase == "serving" else "startup"
         if isinstance(e, ev.Phase) and stamp.phase == "serving" and serving_at is None:
             serving_at = t
+        elif isinstance(e, ev.Wait):
+            waits.append({**e.fields(), "phase": stamp.phase, "at_s": round(t, 3)})
+        elif isinstance(e, ev.Ready):
+            ready = {**e.fields(), "at_s": round(t, 3)}
         elif isinstance(e, ev.AutotuneBench) and not e.ahead:
             rows[e.kernel or "?"].tuned[phase].add(e.tuning_key)
         elif isinstance(e, ev.TuneAhead):
@@ -135,8 +142,8 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
         elif isinstance(e, ev.Compile):
             if e.cache_hit:
                 if e.key in planned_keys:  # a planned variant loaded (not a reload of a miss)
-                    loaded.add(e.key)
                     rows[kernel(e.key, e.kernel)].loaded += 1
+                loaded.add(e.key)  # used: a helper's build of a miss is no unused build
             else:
                 counts = rows[kernel(e.key, e.kernel)].compiles[phase]
                 counts[0] += 1
@@ -163,7 +170,8 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
     for key in built - loaded:
         rows[kernel_of.get(key, "?")].unused += 1
     _planned_by(typed, rows)
-    return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines, tuned)
+    return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines, tuned,
+                    sorted(waits, key=lambda w: -w["seconds"]), ready)
 
 
 def _planned_by(typed: list, rows: dict[str, KernelRow]) -> None:
@@ -217,6 +225,8 @@ def _cells(name: str, row: KernelRow) -> list[str]:
 
 
 def text(coverage: Coverage) -> str:
+    from .core.executor import LONG_WAIT_S
+
     table = [list(HEADER)] + [_cells(name, row) for name, row in coverage.kernels.items()]
     widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
@@ -232,6 +242,14 @@ def text(coverage: Coverage) -> str:
                      f"choice read) in {e.get('seconds', 0)} s, "
                      f"{e.get('chosen_already', 0)} chosen already, {e.get('left', 0)} left to their first launch"
                      + (f" ({why})" if why else ""))
+    if coverage.ready is not None:
+        r = coverage.ready
+        lines.append(f"ready at {r['at_s']:.1f}s (rule {r['rule']}): planning "
+                     + ("done" if r["planning_done"] else "still running")
+                     + f", {r['listed']} variants listed, {r['built']} built, {r['pending']} queued or building")
+    lines.append(f"launches that waited over {LONG_WAIT_S}s for a build: {len(coverage.waits)}")
+    for w in coverage.waits:
+        lines.append(f"    {w['seconds']:.2f}s ({w['phase']}, {w['outcome']}) {w['label']}: {w['cause']}")
     for item in coverage.unplanned:
         lines.append(f"unplanned ({item['phase']}, {item['outcome']}): {item['label']}")
         for diff in item["differences"]:

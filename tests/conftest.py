@@ -18,10 +18,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def triton_cache(tmp_path, monkeypatch):
-    """Each test gets an empty Triton cache, no saved plans and kernels with empty in-memory caches."""
+    """Each test gets an empty Triton cache, no saved plans or autotune choices, and kernels with empty
+    in-memory caches."""
     cache = tmp_path / "triton-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(tmp_path / "plans"))
+    monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", str(tmp_path / "tuning"))  # choices kept per test only
     ensure_driver()
     for value in vars(basic).values():
         jit_fn = getattr(value, "fn", None) if not hasattr(value, "device_caches") else value
@@ -73,6 +75,12 @@ def run_consumer(scenario: str, cache_dir: Path) -> list[dict]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("CONSUMER "))
     return json.loads(line[len("CONSUMER "):])
+
+
+def without_jit_ahead(environ) -> dict:
+    """``environ`` without jit_ahead's knobs, for a child process that sets its own; the test's folder
+    for autotune choices stays, so that no test reads another's (or an earlier run's) choices."""
+    return {k: v for k, v in environ.items() if not k.startswith("JIT_AHEAD") or k == "JIT_AHEAD_TUNING_DIR"}
 
 
 def wait_all(tickets, timeout=600.0):

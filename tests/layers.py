@@ -81,3 +81,32 @@ class FileGate:
                 return False
             time.sleep(0.01)
         return True
+
+
+def _logged_launch(log_path, pause: float, run, label: str):
+    with open(log_path, "a") as f:  # one line per launch run, from whichever process runs it
+        f.write(label + "\n")
+    if pause:
+        import time
+
+        time.sleep(pause)
+    return run()
+
+
+class LoggedProvider(ScaleProvider):
+    """ScaleProvider that writes each launch it runs to a file (planners are forked processes) and may
+    take ``pause`` seconds per launch: a planning long enough to be stopped halfway."""
+
+    name = "test-logged"
+
+    def __init__(self, log_path, pause: float = 0.0) -> None:
+        super().__init__()
+        self.log_path, self.pause = str(log_path), pause
+
+    def launches(self, layers, limits):
+        import functools
+
+        for launch in super().launches(layers, limits):
+            yield PlannedLaunch(launch.priority,
+                                functools.partial(_logged_launch, self.log_path, self.pause, launch.run, launch.label),
+                                launch.label)

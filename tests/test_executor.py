@@ -445,3 +445,49 @@ def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_
     assert cache_check.check(second.predicted_hash, second.name, 90)[0] is cache_check.Entry.OK
     assert any("queued to be built again" in r.getMessage() for r in caplog.records)
     assert os.path.exists(cache_check.folder_of(first.predicted_hash))
+
+
+def test_a_launch_blocked_while_helpers_build_background_work_gets_the_urgent_helper_at_once(session_factory):
+    # Before: the launch's request went to the front of the queue and waited for helper-0 to finish the
+    # long BACKGROUND build it was on (issue 44: 5-10 s waits after ready). Now the urgent slot forks a
+    # helper for it at once, and helper-0 is paused (SIGSTOP) while that builds.
+    from jit_ahead.report import analyse, text
+
+    session = session_factory(workers=1)
+    pool = session.triton.pool
+    events = []
+    session.stats.subscribe(events.append)
+    background = session.triton.submit([slow_request(steps) for steps in (40, 41, 42)], Priority.BACKGROUND)
+    wait_state(background[0], lambda t: t.state is State.RUNNING and t.owner == "helper-0")
+    busy = psutil.Process(pool.helper_pids()["helper-0"])
+    seen, watching = set(), threading.Event()
+
+    def watch():
+        while not watching.is_set():
+            try:
+                seen.add(busy.status())
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        t0 = time.monotonic()
+        kernel = k.slow_kernel[(1,)](meta(1024), STEPS=10, BLOCK=1024)
+        waited = time.monotonic() - t0
+    finally:
+        watching.set()
+        watcher.join()
+    ticket = pool.table.get(kernel.hash)
+    assert ticket.state is State.DONE and ticket.result.builder == "helper-urgent"
+    assert background[0].state is State.RUNNING  # not waited for: still building
+    assert psutil.STATUS_STOPPED in seen  # paused while the urgent build ran...
+    assert busy.status() != psutil.STATUS_STOPPED  # ...and resumed after
+    # Bounded: the build itself, a fork and a few messages.
+    assert waited < ticket.result.seconds + 3.0, (waited, ticket.result.seconds)
+    (wait,) = [e for e in events if e["event"] == "wait"]
+    assert wait["key"] == kernel.hash and wait["outcome"] == "ready"
+    assert wait["cause"] == "queued behind 0 other requests, 1 of 2 helpers busy"
+    assert "launches that waited over 0.5s for a build: 1" in text(analyse(events))
+    assert all(t.wait(300) is State.DONE for t in background)  # the paused work finishes afterwards

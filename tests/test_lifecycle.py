@@ -43,7 +43,8 @@ def test_waiting_for_warmup_does_not_wait_for_the_background_enumeration(session
     gate = FileGate(tmp_path / "gate")
     run = session.plan_model(model(), limits, [SlowBackgroundProvider(gate)])
     try:
-        assert session.wait_ready(timeout=300)  # WARMUP: planned and built while BACKGROUND is blocked
+        # WARMUP: planned and built while BACKGROUND is blocked
+        assert session.wait_ready(timeout=300, whole_plan=False)
         assert run.wait(0, Priority.WARMUP) and not run.wait(0, Priority.BACKGROUND) and not run.done
         warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
         assert warm and all(t.result is not None and t.result.ok for t in warm)
@@ -52,6 +53,63 @@ def test_waiting_for_warmup_does_not_wait_for_the_background_enumeration(session
         gate.set()
     assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
     assert run.done and run.variants[Priority.BACKGROUND] > 0 and all(t.result.ok for t in run.tickets)
+
+
+def test_ready_with_planning_still_running_says_so_in_one_line_and_the_hold_waits_for_the_whole_plan(
+        session_factory, tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="jit_ahead")
+    session = session_factory(workers=1)
+    events = []
+    session.stats.subscribe(events.append)
+    limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+    gate = FileGate(tmp_path / "gate")
+    run = session.plan_model(model(), limits, [SlowBackgroundProvider(gate)])
+    try:
+        monkeypatch.setenv("JIT_AHEAD_READY", "warmup")
+        assert session.wait_ready(timeout=300)
+        (ready,) = [e for e in events if e["event"] == "ready"]
+        assert not ready["planning_done"] and ready["rule"] == "warmup"
+        assert ready["listed"] == sum(run.variants.values()) > 0 and ready["pending_warmup"] == 0
+        lines = [r for r in caplog.records if "jit_ahead ready" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+        assert "planning still running" in lines[0].getMessage()
+        assert "variants listed so far" in lines[0].getMessage()
+        # The hold: the default rule (the whole plan listed) does not call a blocked plan ready.
+        monkeypatch.delenv("JIT_AHEAD_READY")
+        assert not session.wait_ready(timeout=0.5)
+        assert not session.wait_ready(timeout=0.5, whole_plan=True, priority=Priority.WARMUP)
+    finally:
+        gate.set()
+    monkeypatch.setenv("JIT_AHEAD_READY", "all")
+    assert session.wait_ready(timeout=300)
+    assert run.done and all(t.result.ok for t in run.tickets)
+    state = session.readiness()
+    assert state.complete and state.built == state.listed == sum(run.variants.values())
+    assert "the plan is complete" in state.line()
+    assert len([e for e in events if e["event"] == "ready"]) == 1  # said once per session
+
+
+def test_without_wait_ready_the_ready_line_comes_when_serving_starts(session_factory, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_TUNE_AHEAD", "0")
+    session = session_factory(workers=1)
+    limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+    run = session.plan_model(model(), limits, [ScaleProvider()])
+    assert run.wait(300)
+    assert session.triton.table.wait_idle(300)
+    session.mark_serving()
+    lines = [r.getMessage() for r in caplog.records if "jit_ahead ready" in r.getMessage()]
+    assert lines == [f"jit_ahead ready: the plan is complete: {sum(run.variants.values())} variants, all built "
+                     f"or on disk (planning took {run.seconds:.1f}s)"]
+
+
+@pytest.mark.parametrize("value", ["sometimes", "0"])
+def test_a_bad_ready_rule_gets_one_line_and_the_default(monkeypatch, caplog, value):
+    from jit_ahead.core.readiness import DEFAULT_READY_RULE, ReadyRule
+
+    monkeypatch.setenv("JIT_AHEAD_READY", value)
+    assert ReadyRule.from_knob() == ReadyRule.named(DEFAULT_READY_RULE)
+    assert [r.levelno for r in caplog.records if "JIT_AHEAD_READY" in r.getMessage()] == [logging.ERROR]
 
 
 def test_plan_model_returns_at_once_queues_warmup_first_and_covers_real_calls(session_factory, caplog):
@@ -133,10 +191,11 @@ def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
     while not (exited() and retired()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert exited() and retired() == ["helper-0"]
-    # A miss while serving builds in place at once.
+    # A miss while serving goes to a helper forked at once from the fork server, which still holds the
+    # kernel's library: the server's own thread compiles nothing.
     kernel = k.add_kernel[(1,)](x, x, x, 4096, BLOCK=256)
     assert kernel is not None
-    assert session.triton.pool.table.get(kernel.hash).result.builder == "executor"
+    assert session.triton.pool.table.get(kernel.hash).result.builder in ("helper-0", "helper-urgent")
 
 
 class PreloadingProvider(ScaleProvider):

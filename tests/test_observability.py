@@ -20,7 +20,8 @@ X = torch.empty(4096, device="meta", dtype=torch.float32)
 
 
 def serve(session):
-    """Mark serving and wait for the idle helper to retire: misses then build on the executor."""
+    """Mark serving and wait for the idle helper to retire: a miss then waits for the urgent helper, forked
+    from the fork server that still holds the kernel's library."""
     import time
 
     session.mark_serving()
@@ -41,7 +42,8 @@ def planned_session(monkeypatch, **env):
 
 
 def run_with_stats_log(monkeypatch, tmp_path):
-    """A real run: one planned variant built by a helper and loaded, one unplanned after serving."""
+    """A real run: one planned variant built by a helper and loaded, one unplanned after serving (built by
+    the urgent helper while the launch waits)."""
     session = planned_session(monkeypatch, JIT_AHEAD_STATS=str(tmp_path / "logs") + os.sep)
     try:
         k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)  # planned: Triton loads it from disk
@@ -63,13 +65,16 @@ def test_stats_log_has_every_event_with_phase_and_thread_and_a_summary(monkeypat
     assert {"variant", "queued", "helper_ready", "build_start", "build_finish", "executor_miss", "compile", "guard",
             "phase", "summary"} <= names
     compiles = [(e["phase"], e["cache_hit"], e["kernel"]) for e in events if e["event"] == "compile"]
-    assert ("startup", True, "add_kernel") in compiles  # the planned variant: a disk hit
-    assert ("serving", False, "add_kernel") in compiles  # the unplanned one compiled on the executor
-    helper_build = next(e for e in events if e["event"] == "build_finish" and e["helper"] != "executor")
-    assert helper_build["ok"] is True and helper_build["seconds"] > 0
+    # the planned variant, then the unplanned one (built in a helper, not on the server's thread): disk hits
+    assert compiles == [("startup", True, "add_kernel"), ("serving", True, "add_kernel")]
+    builds = [(e["phase"], e["helper"], e["ok"]) for e in events if e["event"] == "build_finish"]
+    assert builds == [("startup", "helper-0", True), ("serving", "helper-urgent", True)]
+    assert all(e["seconds"] > 0 for e in events if e["event"] == "build_finish")
+    (guard,) = [e for e in events if e["event"] == "guard"]  # still reported: it was not planned
+    assert guard["phase"] == "serving" and "BLOCK: 64 -> 512" in guard["message"]
     summary = next(e for e in events if e["event"] == "summary")
-    assert summary["executor compiles (serving)"] == 1 and summary["built in helpers"] == 1
-    assert any(r.getMessage().startswith("jit_ahead: planned") and "executor compiles (serving) 1" in r.getMessage()
+    assert "executor compiles (serving)" not in summary and summary["built in helpers"] == 2
+    assert any(r.getMessage().startswith("jit_ahead: planned") and "built in helpers 2" in r.getMessage()
                for r in caplog.records)
 
 
@@ -192,11 +197,12 @@ def test_coverage_report_text_and_html_from_a_real_log(monkeypatch, tmp_path, ca
     row = next(line.split() for line in out.splitlines() if line.startswith("tests.kernels.basic.add_kernel"))
     # kernel, planned by (no provider: submitted directly), planned, built ahead, failed, loaded, waits,
     # waited s, compiles warmup, s, compiles serving, s, unused
-    assert row[1:7] == ["-", "1", "1", "0", "1", "0"] and row[10] == "1" and row[12] == "0", out
-    assert "executor compiles after serving started: 1" in out
+    # the unplanned variant: built ahead by the urgent helper (never loaded as a planned one), one wait
+    assert row[1:8] == ["-", "1", "2", "0", "1", "1", row[7]] and row[10] == "0" and row[12] == "0", out
+    assert "executor compiles after serving started: 0" in out
     assert "constexpr BLOCK: 64 -> 512" in out
     text = page.read_text()
-    assert text.count("<svg") == 1 and 'fill="#4c9a2a"' in text and 'fill="#e67e22"' in text  # build, compile
+    assert text.count("<svg") == 1 and 'fill="#4c9a2a"' in text and 'fill="#2980b9"' in text  # build, wait
     assert ">serving</text>" in text and "constexpr BLOCK: 64 -&gt; 512" in text
 
 

@@ -13,7 +13,7 @@ from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.session import Session
 
-from .layers import ScaleLayer, ScaleProvider, model
+from .layers import LoggedProvider, ScaleLayer, ScaleProvider, model
 
 LIMITS = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
 
@@ -179,3 +179,71 @@ def test_a_corrupt_plan_is_replanned_and_an_unsafe_folder_is_refused(tmp_path, m
         assert any("writable by group or others" in r.getMessage() for r in caplog.records)
     finally:
         session.close()
+
+
+STOPPED_PLANNER = """
+import sys, time
+from jit_ahead.triton.standin import ensure_driver
+ensure_driver()  # the device the test process plans for: the same plan key
+from jit_ahead.core.session import Session
+from tests.layers import LoggedProvider, model
+from tests.test_plan_cache import LIMITS
+session = Session(triton={"workers": 0}).start()
+session.plan_model(model(), LIMITS, [LoggedProvider(sys.argv[1], pause=0.05)])
+time.sleep(600)  # killed halfway through planning
+"""
+
+
+def test_a_start_killed_mid_planning_is_followed_by_one_that_goes_on_and_ends_with_the_same_plan(
+        tmp_path, monkeypatch):
+    # Before: only a finished plan was saved, so the next start planned everything again (issue 44).
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    folder = tmp_path / "plans"
+    monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(folder))
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "1")
+    first_log = tmp_path / "first.log"
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_PLANNER, str(first_log)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            partial = list(folder.glob("plan-*.partial.jsonl"))
+            if partial and first_log.exists() and len(first_log.read_text().splitlines()) >= 60:
+                break
+            assert proc.poll() is None, "the planning process ended before it was killed"
+            time.sleep(0.05)
+        else:
+            raise AssertionError("no partial plan within 120 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ran_first = len(first_log.read_text().splitlines())
+    (partial,) = folder.glob("plan-*.partial.jsonl")
+    assert not [p for p in folder.glob("plan-*.jsonl") if p != partial]  # no whole plan: it was killed
+
+    second_log = tmp_path / "second.log"
+    session = start(workers=0)
+    try:
+        run = plan(session, model(), provider=LoggedProvider(second_log))
+    finally:
+        session.close()
+    ran_second = len(second_log.read_text().splitlines())
+    assert run.launches_resumed > 0 and ran_second == run.launches - run.launches_resumed
+    assert ran_second < run.launches and run.launches_resumed <= ran_first
+    assert run.saved_plan and not partial.exists()  # the whole plan is saved, the partial one gone
+
+    # the same plan as a start that was never stopped
+    monkeypatch.setenv("JIT_AHEAD_PLAN_DIR", str(tmp_path / "other-plans"))
+    session = start(workers=0)
+    try:
+        whole = plan(session, model(), provider=LoggedProvider(tmp_path / "whole.log"))
+    finally:
+        session.close()
+    assert whole.launches == run.launches and whole.launches_resumed == 0
+    assert {r.predicted_hash for r in run.requests} == {r.predicted_hash for r in whole.requests}
+    assert dict(run.variants) == dict(whole.variants)

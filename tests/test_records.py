@@ -12,7 +12,7 @@ from jit_ahead.core.records import RecordFolder, rank_tag
 from jit_ahead.triton import capture
 from jit_ahead.triton.record import RecordedVariant, record_format
 
-from .conftest import REPO
+from .conftest import REPO, without_jit_ahead
 from .kernels import basic as k
 
 TARGET = ("cuda", 90, 32)
@@ -56,8 +56,10 @@ print("RESULT", json.dumps({"planned": planned, "benchmarked": len(k.BENCHMARKED
 def serve_once(tmp_path, run: int, record_dir, script: str = SERVER) -> list[dict]:
     """One 'server' run with JIT_AHEAD=1 on an empty Triton cache; its stats log events."""
     stats = tmp_path / f"stats-{run}.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
-    env.update(JIT_AHEAD="1", JIT_AHEAD_RECORD_DIR=str(record_dir), JIT_AHEAD_STATS=str(stats),
+    env = without_jit_ahead(os.environ)
+    if record_dir is not None:
+        env["JIT_AHEAD_RECORD_DIR"] = str(record_dir)
+    env.update(JIT_AHEAD="1", JIT_AHEAD_STATS=str(stats),
                JIT_AHEAD_TRITON_WORKERS="1", TRITON_CACHE_DIR=str(tmp_path / f"cache-{run}"),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
@@ -80,8 +82,8 @@ def test_a_second_start_replays_the_first_ones_variants_and_compiles_nothing(tmp
     first = serve_once(tmp_path, 1, records)
     launched = {e["key"] for e in first if e["event"] == "executor_miss"}
     assert len(launched) >= 7  # basic_launches: 6 variants + every autotune config
-    (record,) = records.iterdir()
-    assert record.name.startswith("triton-") and record.name.endswith(f"-{rank_tag()}.jsonl")
+    # the variants' file (the autotune choices have one of their own)
+    (record,) = records.glob(f"triton-????????????????-{rank_tag()}.jsonl")
     assert oct(record.stat().st_mode & 0o777) == oct(0o600)
     header, *entries = [json.loads(line) for line in record.read_text().splitlines()]
     assert header["family"] == "triton" and header["target"] == list(TARGET) and header["triton_key"]
@@ -90,8 +92,12 @@ def test_a_second_start_replays_the_first_ones_variants_and_compiles_nothing(tmp
     second = serve_once(tmp_path, 2, records)  # an empty cache again
     (replay,) = [e for e in second if e["event"] == "replay"]
     assert replay["variants"] == len(launched) == replay["queued"]
+    # every autotuner's choice is kept: the variants of configs it only benchmarked come last (SPARE, which
+    # wait_ready(REPLAY) does not wait for)
+    benchmark_only = {e["hash"] for e in entries if e.get("benchmark_only")}
+    assert benchmark_only and replay["benchmark_only"] == len(benchmark_only)
     replayed_builds = [e for e in second if e["event"] == "build_start" and e["priority"] == "REPLAY"]
-    assert {e["key"] for e in replayed_builds} == launched
+    assert {e["key"] for e in replayed_builds} == launched - benchmark_only
     assert executor_compiles(second) == []
     assert {e["outcome"] for e in second if e["event"] == "executor_miss"} == {"disk"}
     assert len(record.read_text().splitlines()) == 1 + len(launched)  # nothing recorded twice
@@ -125,6 +131,33 @@ def test_a_second_start_uses_the_first_ones_autotune_choices_without_benchmarkin
     assert spare <= {e["hash"] for e in launched if e.get("benchmark_only")}
     assert executor_compiles(events) == []
     assert len(tuning.read_text().splitlines()) == 3 and len(variants.read_text().splitlines()) == 7  # no repeats
+
+
+# The choices are made after serving started (no tune-ahead): what a cold start's requests benchmarked.
+TUNING_AFTER_READY = TUNING_SERVER.replace("for n in (4096, 1000):",
+                                           "session.mark_serving(tune_ahead=False)\nfor n in (4096, 1000):")
+
+
+def test_without_records_a_choice_made_after_ready_is_kept_and_the_next_start_benchmarks_nothing(
+        tmp_path, monkeypatch):
+    # Before, only JIT_AHEAD_RECORD_DIR kept choices: a warm start (issue 44: fla's own cache off) ran the
+    # autotune benchmarks of the cold start's requests again.
+    monkeypatch.delenv("JIT_AHEAD_RECORD_DIR", raising=False)
+    tuning = tmp_path / "tuning"
+    monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", str(tuning))
+    *events, first = serve_once(tmp_path, 1, None, TUNING_AFTER_READY)
+    assert first["benchmarked"] == 6
+    assert [e["phase"] for e in events if e["event"] == "autotune_bench"] == ["serving"] * 6
+    (kept,) = tuning.glob("triton-autotune-*.jsonl")
+    assert oct(kept.stat().st_mode & 0o777) == oct(0o600)
+    assert not list(tuning.glob(f"triton-????????????????-{rank_tag()}.jsonl"))  # variants: only with records
+    *events, second = serve_once(tmp_path, 2, None, TUNING_AFTER_READY)  # an empty Triton cache again
+    assert second["benchmarked"] == 0 and second["chosen"] == first["chosen"]
+    assert not [e for e in events if e["event"] == "autotune_bench"]
+    # JIT_AHEAD_TUNING_DIR=0 keeps none: the next start benchmarks again
+    monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", "0")
+    *_, third = serve_once(tmp_path, 3, None, TUNING_AFTER_READY)
+    assert third["benchmarked"] == 6
 
 
 def test_a_recorded_choice_for_changed_source_or_configs_is_not_used():

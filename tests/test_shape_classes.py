@@ -421,3 +421,19 @@ def test_problems_searched_together_share_rounds_and_fail_alone():
     # per round for all of them, as many rounds as the longest alone
     alone = [rounds([problem], seed + index)[1] for index, problem in enumerate(problems)]
     assert together == max(alone), (seed, together, alone)
+
+
+def test_a_sweep_meets_every_batch_size_at_a_spread_of_lengths_before_every_length_of_one():
+    # issue 44: a sweep stopped at ready had planned batch 1-2 only (batch-major), so every request at a
+    # larger batch compiled a variant of a kernel whose constexpr is the batch size.
+    from jit_ahead.providers.model import coarse_first, prefill_shapes
+
+    limits = EngineLimits(max_num_tokens=512, max_batch_size=16, max_seq_len=512, cuda_graph_batch_sizes=(1,))
+    shapes = list(prefill_shapes(limits))
+    ordered = coarse_first(shapes)
+    assert sorted(ordered) == sorted(shapes)
+    tenth = len(shapes) // 10
+    assert {batch for batch, _ in shapes[:tenth]} == {1}  # the order before: batch 1 at every length
+    early = ordered[:tenth]
+    assert {batch for batch, _ in early} == set(range(1, 17))
+    assert all(len({n for b, n in early if b == batch}) >= 4 for batch in range(1, 17))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import without_jit_ahead
+
 PTH = Path(sysconfig.get_paths()["purelib"]) / "jit_ahead.pth"
 
 
@@ -18,7 +20,7 @@ def installed_hook():
 
 
 def run(code: str, **env) -> dict:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    clean = without_jit_ahead(os.environ)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/",
                          env={**clean, **env})
     assert out.returncode == 0, out.stderr[-3000:]
@@ -122,7 +124,7 @@ def test_the_model_hook_can_be_turned_off():
 
 
 def run_raw(code: str, cwd: str = "/", **env) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    clean = without_jit_ahead(os.environ)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd,
                          env={**clean, **env})
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -231,7 +233,7 @@ def test_a_session_started_before_triton_is_imported_says_one_line_and_does_not_
             "print(json.dumps(sorted(s.families)))")
     for extra in ({}, {"JIT_AHEAD_RECORD_DIR": str(tmp_path / "records")}):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
-                             env={**{k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")},
+                             env={**without_jit_ahead(os.environ),
                                   "JIT_AHEAD": "1", "JIT_AHEAD_TRITON_WORKERS": "0", **extra})
         assert out.returncode == 0, out.stderr[-3000:]
         assert json.loads(out.stdout.strip().splitlines()[-1]) == ["triton"]
@@ -244,7 +246,7 @@ def test_where_the_first_compile_cannot_be_arranged_the_session_starts_at_once_a
             " 'jit_ahead.no_such_module:arm' if i.first_use else '') for i in registry.BUILTIN)\n"
             "import triton, sys\nprint(json.dumps('jit_ahead.core.session' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
-                         env={**{k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")},
+                         env={**without_jit_ahead(os.environ),
                               "JIT_AHEAD": "1", "JIT_AHEAD_TRITON_WORKERS": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) is True

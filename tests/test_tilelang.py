@@ -23,7 +23,7 @@ from jit_ahead.tilelang import build, hook
 from jit_ahead.tilelang.plan import capture, plan_call
 from jit_ahead.tilelang.request import legal_out_idx
 
-from .conftest import REPO
+from .conftest import REPO, without_jit_ahead
 from .kernels.tilelang_rows import TARGET, SplitRowSums, scale_rows, split_count, split_row_sums
 
 
@@ -256,7 +256,7 @@ def test_a_request_this_tilelang_keys_otherwise_is_refused_with_one_line_and_not
 def test_jit_ahead_1_with_the_tilelang_family_starts_it_when_tilelang_is_imported():
     code = ("import json, sys, tilelang, jit_ahead; s = jit_ahead.current(); "
             "print(json.dumps([sorted(s.families), s.tilelang.pool.workers]))")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JIT_AHEAD")}
+    env = without_jit_ahead(os.environ)
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=300,
                          env={**env, "JIT_AHEAD": "1", "JIT_AHEAD_FAMILIES": "tilelang", "JIT_AHEAD_TILELANG_WORKERS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -76,17 +76,26 @@ class Phase(Event, name="phase"):
     """The session's phase changed (to serving: the stamp's phase)."""
 
 
-class Summary(Event, name="summary"):
-    """At close: the counts of the one-line summary (``Session.summary``), written as fields of their own."""
+class DictEvent(Event):
+    """An event whose one field is a dict, written out as fields of their own."""
 
-    counts: dict = Factory(dict)
+    items: dict = Factory(dict)
 
     @classmethod
-    def from_fields(cls, record: dict) -> "Summary":
+    def from_fields(cls, record: dict) -> "DictEvent":
         return cls({k: v for k, v in record.items() if k not in ("event", *STAMP_FIELDS)})
 
     def fields(self) -> dict[str, Any]:
-        return dict(self.counts)
+        return dict(self.items)
+
+
+class Ready(DictEvent, name="ready"):
+    """The ready line's figures (the fields of ``core/readiness.Readiness``), once per session: at the
+    first ``wait_ready`` that succeeds, else when serving starts."""
+
+
+class Summary(DictEvent, name="summary"):
+    """At close: the counts of the one-line summary (``Session.summary``)."""
 
 
 # -- planning ---------------------------------------------------------------------------------------------------
@@ -240,6 +249,19 @@ class ExecutorMiss(Event, name="executor_miss"):
     spec: str | None = None
     waited: float | None = None
     reason: str | None = None
+
+
+class Wait(Event, name="wait"):
+    """A launch blocked on its variant's build for over ``executor.LONG_WAIT_S``: ``cause`` says what
+    held it when it started waiting (queued behind others, a helper's build in flight, helpers
+    starting), ``outcome`` how it ended (ready, built_here, fallback)."""
+
+    family: str
+    key: str
+    label: str
+    seconds: float
+    cause: str
+    outcome: str
 
 
 class Compile(Event, name="compile"):

@@ -26,6 +26,8 @@ log = logging.getLogger("jit_ahead.executor")
 # How often a launch waiting on a queued (not yet started) request re-decides between waiting and
 # building in place: the helpers' load and the queue change while it waits.
 _REDECIDE_S = 0.05
+# A launch blocked longer than this on its build is reported (a ``wait`` event with its cause).
+LONG_WAIT_S = 0.5
 
 
 class JitAfterReadyError(RuntimeError):
@@ -129,9 +131,19 @@ class ExecutorBase(ABC):
     def obtain(self, request: BuildRequest, build_here: Callable[[Any], dict | None]) -> tuple[Outcome, float]:
         """Make sure ``request`` is built before the launch goes on, waiting at most ``wait_timeout``;
         returns the outcome and seconds spent. ``build_here(payload)`` is the family's build on the calling
-        thread: it returns the result's details and raises on failure."""
-        pool, table = self.pool, self.table
+        thread: it returns the result's details and raises on failure. A wait over LONG_WAIT_S is one
+        ``wait`` event naming what held it."""
         t0 = time.monotonic()
+        cause: list[str] = []
+        outcome = self._obtain(request, build_here, t0, cause)
+        seconds = time.monotonic() - t0
+        if seconds > LONG_WAIT_S and cause:
+            self.stats.emit(events.Wait(family=self.family, key=request.key, label=request.label,
+                                        seconds=seconds, cause=cause[0], outcome=outcome.value))
+        return outcome, seconds
+
+    def _obtain(self, request: BuildRequest, build_here, t0: float, cause: list[str]) -> Outcome:
+        pool, table = self.pool, self.table
         deadline = t0 + self.wait_timeout
         pool.preload(request.modules)  # so that helpers are ready for this library's next variants
         if not pool.helper_has_modules(request):
@@ -139,23 +151,38 @@ class ExecutorBase(ABC):
             # is often under one): build here unless a helper is already on it.
             ticket, claimed = pool.submit_claimed(request, Priority.URGENT, "executor")
             if claimed:
-                return self._build_in_place(ticket, build_here), time.monotonic() - t0
+                return self._build_in_place(ticket, build_here)
         else:
             ticket = pool.submit(request, Priority.URGENT)
         while True:
             state = ticket.state
             if state is State.DONE:
-                return Outcome.READY, time.monotonic() - t0
+                return Outcome.READY
             if state in (State.FAILED, State.QUARANTINED) or pool.closed:
-                return Outcome.FALLBACK, time.monotonic() - t0
+                return Outcome.FALLBACK
             if state is State.QUEUED and pool.prefer_in_place(ticket) and table.claim(ticket, "executor"):
-                return self._build_in_place(ticket, build_here), time.monotonic() - t0
+                return self._build_in_place(ticket, build_here)
+            if not cause:
+                cause.append(self._holding(ticket))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("waited %.1fs for %s (%s by %s); giving up the wait and compiling in place "
                             "(JIT_AHEAD_WAIT_TIMEOUT_S)", self.wait_timeout, request.label, state.value, ticket.owner)
-                return Outcome.FALLBACK, time.monotonic() - t0
+                return Outcome.FALLBACK
             table.wait_for_change(ticket, min(remaining, _REDECIDE_S) if state is State.QUEUED else remaining)
+
+    def _holding(self, ticket) -> str:
+        """What a launch about to wait on ``ticket`` waits for, in words (the ``wait`` event's cause)."""
+        if ticket.state is State.RUNNING:
+            since = time.monotonic() - (ticket.started_at or time.monotonic())
+            if ticket.owner == "executor":
+                return f"another launch was building it in place (for {since:.1f}s)"
+            return f"{ticket.owner} was building it (for {since:.1f}s)"
+        load = self.pool.load_seen_by(ticket)
+        if not load.live_helpers:
+            return "queued while helpers were starting"
+        return (f"queued behind {load.queued_ahead} other requests, {len(load.busy_for)} of "
+                f"{load.live_helpers} helpers busy")
 
     def build_queued(self, priority: Priority, deadline: float | None) -> None:
         """No helper will build (none configured, or every slot gave up): build what is queued at

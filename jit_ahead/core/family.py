@@ -126,7 +126,7 @@ class FamilyBase(ABC):
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         self.pool.start()
-        if recording_enabled():
+        if self._records_wanted():
             self._unrecorded = []
             self._start_recording()
             self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
@@ -146,6 +146,10 @@ class FamilyBase(ABC):
             if folder is not None:
                 folder.close()
         self.pool.close(grace)
+
+    def _records_wanted(self) -> bool:
+        """Whether this family opens record folders at start (JIT_AHEAD_RECORD_DIR, by default)."""
+        return recording_enabled()
 
     @abstractmethod
     def _install_hooks(self) -> None:

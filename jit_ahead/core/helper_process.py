@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import select
+import signal
 import subprocess
 
 from .forkserver import describe_exit
@@ -97,3 +99,22 @@ class HelperProcess:
                 stream.close()
             except OSError:
                 pass
+
+
+def pause(helper: HelperProcess) -> bool:
+    """Stop ``helper`` (SIGSTOP) so that an urgent build gets the CPUs; True if it was stopped. Only the
+    helper itself: a compiler it runs finishes its step, and the helper still dies with its parent (the
+    parent-death signal is SIGKILL, which a stopped process receives)."""
+    try:
+        os.kill(helper.pid, signal.SIGSTOP)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def resume(helper: HelperProcess) -> None:
+    """Undo ``pause`` (SIGCONT); a helper that is gone meanwhile is left to its slot."""
+    try:
+        os.kill(helper.pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        pass

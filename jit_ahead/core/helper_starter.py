@@ -69,6 +69,13 @@ class HelperStarter:
         with self._lock:
             return set(modules) - helper.modules - self._bad_preloads
 
+    def forks_with(self, modules) -> bool:
+        """Whether a helper forked now has ``modules`` imported: the fork server runs and imported them."""
+        with self._lock:
+            server = self._forkserver
+            imported = set(self._preload.names()[:self._forkserver_preloaded]) - self._bad_preloads
+        return server is not None and server.alive and set(modules) <= imported
+
     def bring_up_to_date(self, helper: HelperProcess) -> Stint | None:
         """Bring the helper's imports up to the preload list. A forked helper is replaced by a fresh fork
         once the fork server has imported the new modules (REFRESH); a spawned one imports them itself.

@@ -169,6 +169,20 @@ def families() -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n not in unknown)) or ("triton",)
 
 
+def cache_folder(name: str, default_leaf: str, raw: str | None = None) -> "Path | None":
+    """The folder knob ``name`` names: unset or empty, ``~/.cache/jit_ahead/<default_leaf>`` (under
+    ``$XDG_CACHE_HOME`` where that is set); ``0``/``off``/``false``/``no``: None (off)."""
+    from pathlib import Path
+
+    raw = ((os.environ.get(name) if raw is None else raw) or "").strip()
+    if raw.lower() in ("0", "off", "false", "no"):
+        return None
+    if not raw:
+        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+        raw = os.path.join(base, "jit_ahead", default_leaf)
+    return Path(raw).absolute()
+
+
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     """One of ``choices`` (case-insensitive); unset or empty gives ``default``, anything else logs one line."""
     raw = os.environ.get(name, default).strip().lower() or default

@@ -44,14 +44,9 @@ _PLAIN = (bool, int, float, str, type(None))
 
 def plan_folder(raw: str | None = None) -> Path | None:
     """The folder JIT_AHEAD_PLAN_DIR names (default ``~/.cache/jit_ahead/plans``); None when it is ``0``."""
-    raw = (os.environ.get(KNOB) if raw is None else raw) or ""
-    raw = raw.strip()
-    if raw.lower() in ("0", "off", "false", "no"):
-        return None
-    if not raw:
-        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-        raw = os.path.join(base, "jit_ahead", "plans")
-    return Path(raw).absolute()
+    from .knobs import cache_folder
+
+    return cache_folder(KNOB, "plans", raw)
 
 
 # -- the key ------------------------------------------------------------------------------------------------
@@ -221,6 +216,9 @@ class SavedPlan:
     seconds: float = 0.0
     errors: list = field(default_factory=list)
     created: float = 0.0
+    # A partial plan (planning was stopped before it ended): the launch groups' progress, by the group's
+    # signature (``planning.group_signature``): the [first, last) ranges of its launches that ran.
+    progress: dict | None = None
 
 
 class PlanStore:
@@ -244,15 +242,26 @@ class PlanStore:
             return False
         return True
 
-    def path(self, parts: dict) -> Path:
-        return self.folder / f"plan-{digest(parts)}.jsonl"
+    def path(self, parts: dict, partial: bool = False) -> Path:
+        """The whole plan's file, or (``partial``) the one planning saves its progress to as it goes."""
+        return self.folder / f"plan-{digest(parts)}{'.partial' if partial else ''}.jsonl"
+
+    def drop_partial(self, parts: dict) -> None:
+        """The whole plan is saved: its partial file goes."""
+        try:
+            self.path(parts, partial=True).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove the partial plan %s (%s)", self.path(parts, partial=True), exc)
 
     def lock_path(self, parts: dict) -> Path:
         return self.folder / f".plan-{digest(parts)}.lock"
 
-    def load(self, parts: dict, families: dict) -> SavedPlan | None:
-        """The saved plan for this key, or None (absent, unreadable, unsafe or not matching)."""
-        path = self.path(parts)
+    def load(self, parts: dict, families: dict, partial: bool = False) -> SavedPlan | None:
+        """The saved plan for this key (``partial``: the progress of a planning that did not end), or None
+        (absent, unreadable, unsafe or not matching)."""
+        path = self.path(parts, partial)
         try:
             with open(path, encoding="utf-8") as f:
                 why = unsafe_because(path, os.fstat(f.fileno()))
@@ -270,8 +279,13 @@ class PlanStore:
             if header.get("jit_ahead_plan") != FORMAT or header.get("key") != json.loads(json.dumps(parts, default=str)):
                 log.warning("saved plan %s does not match this start; planning again", path)
                 return None
+            if bool(header.get("partial")) != partial:
+                raise ValueError("partial" if not partial else "not partial")
             plan = SavedPlan(launches=int(header["launches"]), seconds=float(header["seconds"]),
                              errors=list(header.get("errors", [])), created=float(header.get("created", 0)))
+            if partial:
+                plan.progress = {str(sig): [[int(a), int(b)] for a, b in ranges]
+                                 for sig, ranges in dict(header["progress"]).items()}
             for line in lines[1:]:
                 body = json.loads(line)
                 name = body["family"]
@@ -290,10 +304,14 @@ class PlanStore:
         return plan
 
     def save(self, parts: dict, plan: SavedPlan, families: dict) -> Path | None:
-        """Write the plan atomically (aside, then renamed into place); None if it cannot be written."""
-        path = self.path(parts)
+        """Write the plan atomically (aside, then renamed into place); None if it cannot be written. A plan
+        with ``progress`` is partial: it goes to the partial file, and a whole one is never replaced."""
+        partial = plan.progress is not None
+        path = self.path(parts, partial)
         header = {"jit_ahead_plan": FORMAT, "key": parts, "launches": plan.launches, "seconds": round(plan.seconds, 3),
                   "errors": plan.errors, "created": time.time()}
+        if partial:
+            header.update(partial=True, progress=plan.progress)
         lines = [json.dumps(header, sort_keys=True, default=str)]
         try:
             for name, entries in plan.requests.items():
@@ -324,6 +342,8 @@ class PlanStore:
         """What differs between this key and the saved plan of the same model class that differs least."""
         best = None
         for path in self.folder.glob("plan-*.jsonl"):
+            if path.name.endswith(".partial.jsonl"):
+                continue
             try:
                 with open(path, encoding="utf-8") as f:
                     key = json.loads(f.readline()).get("key", {})

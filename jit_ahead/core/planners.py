@@ -134,6 +134,10 @@ class Sink(ABC):
     def lost(self, group: int, count: int, why: str) -> None:
         """``count`` launches from ``group`` on will not run (serving started before they could)."""
 
+    def ran(self, group: int, first: int, last: int) -> None:
+        """Launches ``first`` to ``last`` (excluded) of ``group`` have run and what they found was handed
+        over (or one of them killed its planner and is not run again): progress a later start may skip."""
+
 
 @dataclass(frozen=True)
 class Position:
@@ -192,15 +196,20 @@ class _Book:
 
     def done(self, part: Range) -> None:
         if part in self.open:
-            self.open.discard(part)
-            self._left[self.group_of(part)] -= 1
+            self._drop(part)
+            self._sink.ran(self.group_of(part), part.first, part.last)
         self._advance()
+
+    def _drop(self, part: Range) -> None:
+        self.open.discard(part)
+        self._left[self.group_of(part)] -= 1
 
     def split(self, part: Range, culprit: int) -> list[Range]:
         """``part`` is replaced by what is left of it without launch ``culprit``; returns the new ranges."""
         if part not in self.open:
             return []
-        self.done(part)
+        self._drop(part)
+        self._sink.ran(self.group_of(part), culprit, culprit + 1)  # never again: it killed a planner
         rest = [r for r in (Range(part.chunk, part.first, culprit), Range(part.chunk, culprit + 1, part.last)) if len(r)]
         for r in rest:
             self.open.add(r)

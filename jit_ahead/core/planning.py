@@ -11,12 +11,14 @@ line and skipped; planning never raises into the engine.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
 import os
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from filelock import FileLock, Timeout
 
@@ -25,8 +27,35 @@ from .limits import EngineLimits
 from .plan_cache import PlanStore, SavedPlan, plan_key
 from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, planner_entry, run_in_thread
 from .priority import Priority
+from .table import State
 
 log = logging.getLogger("jit_ahead.planning")
+
+# Planning's progress is saved at most this often (and when a launch group ends), so that a start stopped
+# before planning ended is followed by one that goes on from there.
+PARTIAL_EVERY_S = 2.0
+
+
+def group_signature(group: LaunchGroup) -> str:
+    """What names a launch group across starts of the same key: its priority, family, provider and
+    launches' labels, in order."""
+    text = "\n".join([group.priority.name, group.family, *(f"{p.name}\t{launch.label}" for p, launch in group.items)])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class PlanProgress:
+    """One planning run at one moment (``PlanningRun.progress``): variants listed so far, and of those
+    queued here, how many are still queued or building (by family), and how many failed."""
+
+    seconds: float
+    groups: int
+    groups_done: int
+    listed: int
+    pending: int
+    pending_warmup: int
+    failed: int
+    pending_by_family: dict[str, int] = field(default_factory=dict)
 
 
 class PlanningRun(Sink):
@@ -60,14 +89,24 @@ class PlanningRun(Sink):
         self._failed: set[tuple[str, str]] = set()
         self.launches = 0  # launches listed by the providers
         self.launches_lost = 0  # launches that will not run (serving started before they could)
+        self.launches_resumed = 0  # launches a partial plan of an earlier start says ran: not run again
+        self._parts: dict | None = None  # the saved plan's key, while planning may save its progress
+        self._signatures: list[str] = []  # per launch group
+        self._item_index: list[list[int]] = []  # per group, its launches' indices in the whole group
+        self._ran: dict[str, list[list[int]]] = {}  # group signature -> [first, last) ranges run
+        self._last_partial = 0.0
+        self._partial_failed = False
         self.seconds = 0.0
         self.listing_seconds = 0.0  # from the start to the first launch run: key, probe forward, listing
         self.planner_seconds: list[float] = []  # each finished planner's own time
         self._groups: list[LaunchGroup] = []
+        self._group_count = 0  # launch groups listed (kept after the groups themselves are let go)
+        self._groups_done = 0
         self._group_variants: dict[int, int] = defaultdict(int)
         self._group_queued: dict[int, int] = defaultdict(int)
         self._group_kernels: dict[int, dict[str, int]] = defaultdict(dict)  # kernel -> new variants
         self.planned_by: dict[str, set[str]] = {}  # kernel name -> the providers whose launches found it first
+        self._started: float | None = None
         self._enumeration_started = 0.0
         self._planners_running: ForkedPlanners | None = None
         self._store = store
@@ -95,6 +134,24 @@ class PlanningRun(Sink):
     def requests(self) -> list:
         """Every variant this run planned (or read from its saved plan), on disk or not."""
         return list(self._seen)
+
+    def progress(self) -> PlanProgress:
+        """How far this run is; safe from any thread (it reads counts the planning thread keeps)."""
+        pending_by_family: dict[str, int] = defaultdict(int)
+        pending = pending_warmup = failed = 0
+        for ticket in list(self.tickets):
+            state = ticket.state
+            if state in (State.QUEUED, State.RUNNING):
+                pending += 1
+                pending_warmup += ticket.priority <= Priority.WARMUP
+                pending_by_family[ticket.request.family] += 1
+            elif state is not State.DONE:
+                failed += 1
+        started = self._started
+        seconds = self.seconds if self.done else (time.perf_counter() - started if started is not None else 0.0)
+        return PlanProgress(seconds=seconds, groups=self._group_count, groups_done=self._groups_done,
+                            listed=sum(self.variants.values()), pending=pending, pending_warmup=pending_warmup,
+                            failed=failed, pending_by_family=dict(pending_by_family))
 
     def cancel(self, timeout: float = 1.0) -> None:
         """Stop planning (the process is closing): planners are killed, the planning thread stops before
@@ -139,15 +196,22 @@ class PlanningRun(Sink):
                 if saved is not None:
                     self._use(saved, parts)
                     return
-                why = self._store.closest(parts)
-                log.info("planning %s: no saved plan%s", type(self._model).__name__,
-                         f" (the closest saved one differs in {why})" if why else "")
-            self._groups = self._list_launches()
-            self.launches = sum(len(g.items) for g in self._groups)
+                self._parts = parts
+                if not self._resume(parts):
+                    why = self._store.closest(parts)
+                    log.info("planning %s: no saved plan%s", type(self._model).__name__,
+                             f" (the closest saved one differs in {why})" if why else "")
+            self._groups = self._skip_ran(self._list_launches())
+            self._group_count = len(self._groups)
+            self.launches = sum(len(g.items) for g in self._groups) + self.launches_resumed
+            # priorities above the first group left have nothing to run (none listed, or all ran before)
+            self._mark_queued(above=self._groups[0].priority if self._groups else None)
             if self._groups and not self._cancelled.is_set():
                 self._enumerate()
             if parts is not None and self._complete():
                 self._save(parts, time.perf_counter() - t0)
+            elif parts is not None:
+                self._save_partial(force=True)
         except Exception as exc:  # a bug guard: planning must never take the engine down
             log.exception("planning stopped early")
             self.errors.append(f"planning stopped: {exc!r}")
@@ -194,21 +258,23 @@ class PlanningRun(Sink):
             self._result.requests.setdefault(family, []).append((priority, request))
         path = self._store.save(parts, self._result, self._families)
         if path is not None:
+            self._store.drop_partial(parts)
             self.saved_plan = str(path)
             self._stats.emit(events.PlanSaved(path=str(path), launches=self.launches,
                                               variants=sum(self.variants.values()), seconds=seconds))
 
-    def _use(self, saved: SavedPlan, parts: dict) -> None:
-        """Queue a saved plan as planning would have: by priority, what is not on disk yet."""
-        self.saved_plan = str(self._store.path(parts))
-        self.read_saved = True
-        self.launches = saved.launches
+    def _queue_saved(self, saved: SavedPlan, mark_queued: bool) -> int:
+        """Queue a saved (or partial) plan's variants as planning would have: by priority, what is not on
+        disk yet; returns how many were queued. ``mark_queued``: the plan is whole, so each priority is
+        queued once its variants are."""
         queued = 0
         for name, entries in saved.requests.items():
             family = self._families[name]
             family.note_groups(saved.groups.get(name, []))
+            self._result.groups.setdefault(name, []).extend(saved.groups.get(name, []))
             for priority, task in saved.tuning.get(name, []):
                 family.note_tuning([task], priority)
+                self._result.tuning.setdefault(name, []).append((priority, task))
             for priority in sorted({p for p, _ in entries}):
                 requests = [r for p, r in entries if p == priority]
                 self._seen.update((r, (priority, name)) for r in requests)
@@ -216,7 +282,17 @@ class PlanningRun(Sink):
                 tickets = family.submit(requests, priority)
                 queued += len(tickets)
                 self.tickets.extend(tickets)
-                self._mark_queued(above=priority)
+                self._ticket_ids.update(id(t) for t in tickets)
+                if mark_queued:
+                    self._mark_queued(above=priority)
+        return queued
+
+    def _use(self, saved: SavedPlan, parts: dict) -> None:
+        """Queue a saved plan instead of planning."""
+        self.saved_plan = str(self._store.path(parts))
+        self.read_saved = True
+        self.launches = saved.launches
+        queued = self._queue_saved(saved, mark_queued=True)
         self._stats.emit(events.PlanLoaded(path=self.saved_plan, launches=saved.launches,
                                            variants=sum(self.variants.values()), queued=queued,
                                            planned_seconds=saved.seconds))
@@ -225,6 +301,66 @@ class PlanningRun(Sink):
         if saved.errors:
             log.warning("planning %s: the saved plan was made with %d provider errors; the first: %s",
                         type(self._model).__name__, len(saved.errors), saved.errors[0])
+
+    # -- progress: a start stopped mid-planning is followed by one that goes on from there ---------------------
+    def _resume(self, parts: dict) -> bool:
+        """Queue the variants of a partial plan an earlier start saved, and remember which launches it ran;
+        True if there was one."""
+        partial = self._store.load(parts, self._families, partial=True)
+        if partial is None:
+            return False
+        self._ran = {sig: [list(r) for r in ranges] for sig, ranges in (partial.progress or {}).items()}
+        queued = self._queue_saved(partial, mark_queued=False)
+        log.info("planning %s: going on from the partial plan %s of an earlier start (%d variants, %d of them "
+                 "not built yet)", type(self._model).__name__, self._store.path(parts, partial=True),
+                 sum(self.variants.values()), queued)
+        return True
+
+    def _skip_ran(self, groups: list[LaunchGroup]) -> list[LaunchGroup]:
+        """``groups`` without the launches a partial plan says ran (a group with none left goes); each
+        kept launch's index in its whole group is remembered for ``ran``."""
+        kept: list[LaunchGroup] = []
+        self._signatures, self._item_index = [], []
+        for group in groups:
+            signature = group_signature(group)
+            done = set()
+            for first, last in self._ran.get(signature, ()):
+                done.update(range(first, last))
+            left = [i for i in range(len(group.items)) if i not in done]
+            self.launches_resumed += len(group.items) - len(left)
+            if not left:
+                continue
+            kept.append(LaunchGroup(group.priority, group.family, [group.items[i] for i in left]))
+            self._signatures.append(signature)
+            self._item_index.append(left)
+        return kept
+
+    def ran(self, group: int, first: int, last: int) -> None:
+        index = self._item_index[group]
+        ranges = self._ran.setdefault(self._signatures[group], [])
+        for i in range(first, last):  # whole-group indices; consecutive ones merge
+            whole = index[i]
+            if ranges and ranges[-1][1] == whole:
+                ranges[-1][1] = whole + 1
+            else:
+                ranges.append([whole, whole + 1])
+        self._save_partial()
+
+    def _save_partial(self, force: bool = False) -> None:
+        """Save what planning found so far, with the launches that ran, at most every PARTIAL_EVERY_S."""
+        if self._parts is None or self._partial_failed or not self._ran:
+            return
+        now = time.perf_counter()
+        if not force and now - self._last_partial < PARTIAL_EVERY_S:
+            return
+        self._last_partial = now
+        partial = SavedPlan(groups=self._result.groups, tuning=self._result.tuning, launches=self.launches,
+                            seconds=now - (self._started or now), errors=list(self.errors),
+                            progress={sig: [list(r) for r in ranges] for sig, ranges in self._ran.items()})
+        for request, (priority, family) in self._seen.items():
+            partial.requests.setdefault(family, []).append((priority, request))
+        if self._store.save(self._parts, partial, self._families) is None:
+            self._partial_failed = True  # said once by the store; the next start plans from the start
 
     def _list_launches(self) -> list[LaunchGroup]:
         """Each provider finds its layers and lists its launches, the model-level planner last with what
@@ -342,6 +478,7 @@ class PlanningRun(Sink):
 
     def group_done(self, group: int) -> None:
         launch_group = self._groups[group]
+        self._groups_done += 1
         self._stats.emit(events.Planned(family=launch_group.family, priority=launch_group.priority.name,
                                         provider=_provider_of(launch_group), kernels=self._group_kernels[group],
                                         launches=len(launch_group.items), variants=self._group_variants[group],
@@ -350,6 +487,7 @@ class PlanningRun(Sink):
         following = self._groups[group + 1].priority if group + 1 < len(self._groups) else None
         if following != launch_group.priority:
             self._mark_queued(above=following)
+        self._save_partial(force=True)
 
     def failed(self, failure: Failure) -> None:
         if (failure.provider, failure.error) in self._failed:  # one line per provider and error

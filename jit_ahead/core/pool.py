@@ -60,6 +60,11 @@ class HelperPool:
     helpers are started (``start_mode``: forked from a fork server, or spawned) is the ``HelperStarter``'s;
     how long builds take, and whether a launch waits for a helper, the ``BuildCost``'s. ``table``: the
     family's (its executor claims from the same one); a table of the pool's own when none is given.
+
+    Beside the ``workers`` slots, one more (the urgent slot, ``helper-urgent``) builds only what a launch
+    is blocked on (URGENT), so that such a build never waits for a helper to finish a BACKGROUND one;
+    while it builds, the helpers busy with work below WARMUP are paused (SIGSTOP), so that it has the
+    CPUs, and resumed once it is done.
     """
 
     def __init__(self, family: FamilySpec, *, workers: int, stats: Stats, table: RequestTable | None = None,
@@ -102,6 +107,9 @@ class HelperPool:
         self._helpers: dict[int, HelperProcess] = {}
         self._starting = 0  # slots that are starting a helper right now
         self._slots_running = 0  # slot threads that have not given up or stopped (they restart helpers)
+        self._urgent_slot = workers if workers else None  # the slot that builds only URGENT requests
+        self._urgent_running = False  # its thread has not given up or stopped
+        self._building: dict[int, tuple[HelperProcess, Ticket]] = {}  # slot -> the helper and its build
         self._started = False
         self._job_ids = itertools.count(1)
         self._last_busy = time.monotonic()  # when a helper last ran (the fork server's idle clock)
@@ -150,6 +158,7 @@ class HelperPool:
                 return
             self._started = True
             self._slots_running = self.workers
+            self._urgent_running = self._urgent_slot is not None
         if self.table.has_queued():
             self._start_slots()
 
@@ -180,8 +189,19 @@ class HelperPool:
                     log.error("%s: %d of %d helper slots could not start (%s); %s", self.family.name,
                               self.workers - slot, self.workers, exc,
                               f"running with {slot}" if slot else "misses build in place")
+                    self._urgent_running = False  # at the limit: this one would fail too
                     break
                 self._threads.append(thread)
+            if self._urgent_running:
+                thread = threading.Thread(target=self._slot_main, args=(self._urgent_slot,), daemon=True,
+                                          name=f"jit_ahead-{self.family.name}-slot-urgent")
+                try:
+                    thread.start()
+                    self._threads.append(thread)
+                except RuntimeError as exc:
+                    self._urgent_running = False
+                    log.error("%s: the urgent helper slot could not start (%s); blocked launches wait for "
+                              "the other helpers", self.family.name, exc)
 
     def close(self, grace: float = 5.0) -> None:
         """Stop taking work, ask helpers to exit, kill those that do not within ``grace`` seconds."""
@@ -194,7 +214,10 @@ class HelperPool:
             starter, threads = self._starter, list(self._threads)
             if not self._slots_started:  # no slot will ever run: none may get a helper
                 self._slots_started, self._slots_running = True, 0
+        from .helper_process import resume
+
         for helper in helpers:
+            resume(helper)  # one paused for an urgent build could not read its shutdown
             helper.ask_to_exit()  # an idle helper exits at once; a busy one after its build
         deadline = time.monotonic() + grace  # one deadline for all, not ``grace`` per helper
         late = [helper for helper in helpers if not helper.exited_within(max(0.0, deadline - time.monotonic()))]
@@ -265,29 +288,41 @@ class HelperPool:
             return {h.name: h.pid for h in self._helpers.values()}
 
     def helper_has_modules(self, request: BuildRequest) -> bool:
-        """Whether a running helper has imported the request's modules; one that has not would import
-        the kernel library first (seconds), while the launching process has it imported already."""
+        """Whether a running helper, or one forked now, has imported the request's modules; one that has
+        not would import the kernel library first (seconds), while the launching process has it already."""
         needed = set(request.modules)
         with self._lock:
-            return any(needed <= helper.modules for helper in self._helpers.values())
+            if any(needed <= helper.modules for helper in self._helpers.values()):
+                return True
+            starter = self._starter
+        return starter is not None and starter.forks_with(needed)
 
     def builds_nothing(self) -> bool:
         """True once the pool has started and no helper will build what is queued: none configured, or
-        every slot gave up. Misses then build in place, and so does ``Session.wait_ready``."""
+        every slot gave up (the urgent slot builds only what a launch is blocked on). Misses then build in
+        place, and so does ``Session.wait_ready``."""
         return self._started and not self.may_get_helpers()
 
-    def may_get_helpers(self) -> bool:
-        """True while a helper is running or a slot is still starting one or backing off to retry."""
+    def may_get_helpers(self, urgent: bool = False) -> bool:
+        """True while a helper is running or a slot is still starting one or backing off to retry; with
+        ``urgent``, the urgent slot counts too."""
         with self._lock:
-            return self._may_get_helpers_locked()
+            return self._may_get_helpers_locked(urgent)
 
-    def _may_get_helpers_locked(self) -> bool:
-        return bool(self._helpers) or self._starting > 0 or self._slots_running > 0
+    def _may_get_helpers_locked(self, urgent: bool = False) -> bool:
+        if urgent and self._urgent_running:
+            return True
+        return (any(slot != self._urgent_slot for slot in self._helpers) or self._starting > 0
+                or self._slots_running > 0)
 
     def load_seen_by(self, ticket: Ticket) -> HelperLoad:
-        """The helpers' load as a launch waiting on ``ticket`` sees it."""
+        """The helpers' load as a launch waiting on ``ticket`` sees it. For an URGENT ticket, the urgent
+        slot counts as a free helper while it builds nothing (it forks one at once)."""
+        urgent = ticket.priority <= Priority.URGENT
         with self._lock:
-            live, may_get = len(self._helpers), self._may_get_helpers_locked()
+            live, may_get = len(self._helpers), self._may_get_helpers_locked(urgent)
+            if urgent and self._urgent_running and self._urgent_slot not in self._helpers:
+                live += 1
         now = time.monotonic()
         busy = [now - (t.started_at or now) for t in self.table.running() if t.owner and t.owner.startswith("helper")]
         return HelperLoad(live, may_get, busy, self.table.queued_ahead(ticket))
@@ -297,30 +332,41 @@ class HelperPool:
         return self.cost.prefer_in_place(self.load_seen_by(ticket), crashed_before=bool(ticket.crashes))
 
     # -- slots --------------------------------------------------------------------------------------------
+    def _slot_name(self, slot: int) -> str:
+        return "helper-urgent" if slot == self._urgent_slot else f"helper-{slot}"
+
     def _slot_main(self, slot: int) -> None:
         try:
             self._run_slot(slot)
         except Exception as exc:  # a bug guard: the pool runs on with one slot fewer, never a dead thread
-            log.error("%s helper slot %d stopped (%s: %s); running with one helper fewer, misses build in place",
-                      self.family.name, slot, type(exc).__name__, exc)
+            log.error("%s %s slot stopped (%s: %s); running with one helper fewer, misses build in place",
+                      self.family.name, self._slot_name(slot), type(exc).__name__, exc)
         finally:
             with self._lock:
-                self._slots_running -= 1
-                last = self._slots_running == 0
+                if slot == self._urgent_slot:
+                    self._urgent_running = False
+                else:
+                    self._slots_running -= 1
+                last = self._slots_running == 0 and not self._urgent_running
             if last:  # no helper will be forked again: give its memory back
                 self.starter.close_forkserver(0.0 if self._closed.is_set() else 5.0)
             self.table.notify()  # launches waiting on queued work re-decide: this slot is gone
 
+    def _retires(self, slot: int) -> bool:
+        """Serving started and needs this slot no more (the urgent slot serves to the end)."""
+        return self._retire.is_set() and self.serving_workers <= slot != self._urgent_slot
+
     def _wait_for_work(self, slot: int) -> bool:
-        """Block until something is queued (no helper is started for nothing); False once the pool is
-        closed, or serving needs this slot no more."""
+        """Block until something is queued that this slot takes (no helper is started for nothing);
+        False once the pool is closed, or serving needs this slot no more."""
+        up_to = Priority.URGENT if slot == self._urgent_slot else None
         while not self._closed.is_set():
-            if self._retire.is_set() and slot >= self.serving_workers:
+            if self._retires(slot):
                 return False
-            if self.table.has_queued():
+            if self.table.has_queued(up_to):
                 return True
             self.starter.close_idle_forkserver(self._idle_for_long)
-            self.table.wait_queued(0.5)
+            self.table.wait_queued(0.5, up_to)
         return False
 
     def _run_slot(self, slot: int) -> None:
@@ -333,7 +379,7 @@ class HelperPool:
                 self._starting += 1
             helper = None
             try:
-                helper = self.starter.start(f"helper-{slot}")
+                helper = self.starter.start(self._slot_name(slot))
             finally:
                 with self._lock:  # one step, so the helper is never counted neither starting nor live
                     self._starting -= 1
@@ -392,9 +438,11 @@ class HelperPool:
             outdated = self.starter.bring_up_to_date(helper)
             if outdated is not None:
                 return outdated
-            if self._retire.is_set() and slot >= self.serving_workers:
+            if self._retires(slot):
                 break  # serving: fewer helpers beside the executor
-            ticket = self.table.take_next(helper.name, timeout=HELPER_IDLE_S)
+            urgent = slot == self._urgent_slot
+            ticket = self.table.take_next(helper.name, timeout=HELPER_IDLE_S,
+                                          up_to=Priority.URGENT if urgent else None)
             if ticket is None:
                 break  # nothing left: give the host memory back; a new helper comes with new work
             missing = self.starter.missing_modules(helper, ticket.request.modules)
@@ -405,16 +453,40 @@ class HelperPool:
                 self.preload(ticket.request.modules)
                 self.starter.refresh_forkserver()
                 return Stint.REFRESH
+            with self._lock:
+                self._building[slot] = (helper, ticket)
+            paused = self._pause_background() if urgent else []
             try:
                 gone = self._run_job(helper, ticket)
             except Exception:  # a bug guard: the ticket must not stay RUNNING for a slot that is gone
                 if ticket.state is State.RUNNING and ticket.owner == helper.name:
                     self.table.release(ticket, crashed=False)
                 raise
+            finally:
+                self._resume(paused)
+                with self._lock:
+                    self._building.pop(slot, None)
             if gone is not None:
                 return gone
             built = True
         return Stint.WORKED if built else Stint.IDLE
+
+    def _pause_background(self) -> list:
+        """Pause the helpers building below WARMUP while the urgent slot builds: a launch is blocked on
+        that build, and the others' work can wait a few seconds. Returns them, for ``_resume``."""
+        from .helper_process import pause
+
+        with self._lock:
+            others = [helper for slot, (helper, ticket) in self._building.items()
+                      if slot != self._urgent_slot and ticket.priority > Priority.WARMUP]
+        return [helper for helper in others if pause(helper)]
+
+    @staticmethod
+    def _resume(paused: list) -> None:
+        from .helper_process import resume
+
+        for helper in paused:
+            resume(helper)
 
     def _run_job(self, helper: HelperProcess, ticket: Ticket) -> Stint | None:
         """Build one ticket in ``helper``; None if the helper is still there afterwards, else how it

@@ -28,6 +28,7 @@ from pathlib import Path
 log = logging.getLogger("jit_ahead.records")
 
 KNOB = "JIT_AHEAD_RECORD_DIR"
+TUNING_KNOB = "JIT_AHEAD_TUNING_DIR"
 FORMAT = 1
 _FILE_NAME = re.compile(r"[0-9a-f]{16}-rank\d+\.jsonl")  # after "{family}-"
 
@@ -83,7 +84,9 @@ class RecordFolder:
     """This process's view of ``JIT_AHEAD_RECORD_DIR`` for one family: read the matching records, append
     the variants this process compiled or loaded."""
 
-    def __init__(self, folder: str | os.PathLike, fmt: RecordFormat, rank: str | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike, fmt: RecordFormat, rank: str | None = None,
+                 knob: str = KNOB) -> None:
+        self.knob = knob  # what error lines name: the knob that chose the folder
         self.folder = Path(folder).absolute()
         self.format = fmt
         self.header = {"jit_ahead_record": FORMAT, "family": fmt.family, **fmt.header}
@@ -203,12 +206,12 @@ class RecordFolder:
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             st = os.stat(self.folder)
         except OSError as exc:
-            log.error("%s=%s cannot be used (%s); nothing is recorded or replayed", KNOB, self.folder, exc)
+            log.error("%s=%s cannot be used (%s); nothing is recorded or replayed", self.knob, self.folder, exc)
             return False
         why = unsafe_because(self.folder, st)
         if why:
             log.error("%s=%s is %s; replay imports the modules records name, so nothing is recorded or "
-                      "replayed", KNOB, self.folder, why)
+                      "replayed", self.knob, self.folder, why)
             return False
         return True
 
@@ -216,6 +219,25 @@ class RecordFolder:
 def recording_enabled() -> bool:
     """JIT_AHEAD_RECORD_DIR is set: the families record what they build and replay it at the next start."""
     return bool(os.environ.get(KNOB, "").strip())
+
+
+def tuning_folder(fmt: RecordFormat) -> RecordFolder | None:
+    """Where autotune choices are kept and read back, so that no start benchmarks what an earlier one did:
+    JIT_AHEAD_RECORD_DIR when it is set (beside the other records), else JIT_AHEAD_TUNING_DIR (default
+    ``~/.cache/jit_ahead/tuning``; ``0`` keeps none)."""
+    if recording_enabled():
+        return record_folder(fmt)
+    from .knobs import cache_folder
+
+    folder = cache_folder(TUNING_KNOB, "tuning")
+    return RecordFolder(folder, fmt, knob=TUNING_KNOB) if folder is not None else None
+
+
+def keeps_tuning() -> bool:
+    """Autotune choices are kept (``tuning_folder``) unless both knobs leave them out."""
+    from .knobs import cache_folder
+
+    return recording_enabled() or cache_folder(TUNING_KNOB, "tuning") is not None
 
 
 def record_folder(fmt: RecordFormat, raw: str | None = None) -> RecordFolder | None:

@@ -13,6 +13,7 @@ from .. import registry
 from . import device_view, events, knobs
 from .limits import EngineLimits
 from .priority import Priority
+from .readiness import Readiness, ReadyRule, readiness
 from .say import family_helpers, say
 from .stats import Stats
 from .stats_log import open_stats_log
@@ -52,6 +53,8 @@ class Session:
             family.executor.planning_finished = lambda: all(run.done for run in self._planning)
         self._plans: PlanStore | bool | None = None  # saved plans (JIT_AHEAD_PLAN_DIR); False: none
         self._serving_listeners: list = []
+        self._ready_lock = threading.Lock()
+        self._ready_said = False
 
     def __getattr__(self, name: str):
         families = self.__dict__.get("families", {})
@@ -107,25 +110,61 @@ class Session:
             self._plans = PlanStore(folder) if folder is not None else False
         return self._plans or None
 
-    def wait_ready(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
-        """Wait until planning has queued every launch up to ``priority``, replay has queued its records,
-        and every request up to ``priority`` is settled (built, failed or quarantined; with no helper to
-        build them, JIT_AHEAD_*_WORKERS=0, they are built here, on the calling thread); True if that
-        happened within ``timeout``. The default, WARMUP, is what an engine's warmup needs: planning may go
-        on enumerating BACKGROUND shapes afterwards. Replayed variants are REPLAY:
-        ``priority=Priority.REPLAY`` waits for them too; ``Priority.BACKGROUND`` waits for everything."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self.wait_planned(timeout, priority):
-            return False
-        for family in self.families.values():
-            if family.pool.builds_nothing():
-                family.executor.build_queued(priority, deadline)
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return all(family.table.wait_settled(priority, remaining) for family in self.families.values())
+    def wait_ready(self, timeout: float | None = None, priority: Priority | None = None,
+                   whole_plan: bool | None = None) -> bool:
+        """Wait until planning has listed and queued what the ready rule asks for, replay has queued its
+        records, and every request up to ``priority`` is settled (built, failed or quarantined; with no
+        helper to build them, JIT_AHEAD_*_WORKERS=0, they are built here, on the calling thread); True if
+        that happened within ``timeout``. Then (the first time it is True) one line says how much of the
+        plan is listed and built and what is left (``readiness``); without it, the line comes at
+        ``mark_serving``.
 
-    def wait_planned(self, timeout: float | None = None, priority: Priority = Priority.WARMUP) -> bool:
-        """Wait until planning has queued every launch up to ``priority`` and replay has queued its
-        records, without waiting for the builds; True if that happened within ``timeout``.
+        The rule: ``whole_plan`` (planning has listed every variant, BACKGROUND ones included) and
+        ``priority`` (the builds waited for: WARMUP, what an engine's warmup needs; ``Priority.REPLAY``,
+        the recorded variants too; ``Priority.BACKGROUND``, every one). Either left None comes from
+        ``JIT_AHEAD_READY``: ``plan`` (default: the whole plan listed, WARMUP built), ``warmup`` (WARMUP
+        listed and built; planning may go on listing BACKGROUND variants while serving) or ``all`` (the
+        whole plan listed and built)."""
+        rule = self._ready_rule(priority, whole_plan)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ready = self.wait_planned(timeout, rule.priority if not rule.whole_plan else None)
+        if ready:
+            for family in self.families.values():
+                if family.pool.builds_nothing():
+                    family.executor.build_queued(rule.priority, deadline)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = all(family.table.wait_settled(rule.priority, remaining) for family in self.families.values())
+        if ready:  # a wait that timed out says nothing: the line comes when serving starts
+            self._say_ready(rule)
+        return ready
+
+    def _ready_rule(self, priority: Priority | None, whole_plan: bool | None) -> ReadyRule:
+        default = ReadyRule.from_knob() if priority is None or whole_plan is None else None
+        return ReadyRule(default.priority if priority is None else Priority(priority),
+                         default.whole_plan if whole_plan is None else bool(whole_plan))
+
+    def readiness(self, rule: ReadyRule | None = None) -> Readiness:
+        """How much of the plan is listed and built now, and what is left (``core/readiness.py``)."""
+        return readiness(self._planning, self.families, rule or ReadyRule.from_knob())
+
+    def _say_ready(self, rule: ReadyRule) -> None:
+        """The ready line, once: at the first ``wait_ready``, else when serving starts."""
+        with self._ready_lock:
+            if self._ready_said:
+                return
+            self._ready_said = True
+        state = self.readiness(rule)
+        self.stats.emit(events.Ready(state.fields()))
+        if not self._planning:
+            log.info("%s", state.line())
+        elif state.complete:
+            say(state.line())
+        else:
+            log.warning("%s", state.line())
+
+    def wait_planned(self, timeout: float | None = None, priority: Priority | None = Priority.WARMUP) -> bool:
+        """Wait until planning has queued every launch up to ``priority`` (None: every launch) and replay
+        has queued its records, without waiting for the builds; True if that happened within ``timeout``.
 
         For an engine whose warmup has GPU work of its own to do, such as an autotuner benchmarking the
         configs of a kernel library that stores its choices (fla): warming up right after this overlaps
@@ -174,6 +213,7 @@ class Session:
             self.tune_ahead()
         for callback in self._serving_listeners:
             callback()
+        self._say_ready(ReadyRule.from_knob())
         self.stats.phase = "serving"
         self.stats.emit(events.Phase())
         for family in self.families.values():

@@ -234,26 +234,27 @@ class RequestTable:
                 out[t.state.value] += 1
             return out
 
-    def has_queued(self) -> bool:
-        """Whether a helper would find something to take now."""
+    def has_queued(self, up_to: Priority | None = None) -> bool:
+        """Whether a helper would find something to take now (at ``up_to`` or higher, if given)."""
         with self._cond:
-            return self._has_queued_locked()
+            return self._has_queued_locked(up_to)
 
-    def _has_queued_locked(self) -> bool:
+    def _has_queued_locked(self, up_to: Priority | None = None) -> bool:
         # the heap may hold stale entries (raised or claimed tickets); drop them from the top
         while self._heap:
             prio, _, key = self._heap[0]
             ticket = self._tickets.get(key)
             if ticket is not None and ticket.state is State.QUEUED and int(ticket.priority) == prio:
-                return True
+                return up_to is None or prio <= int(up_to)
             heapq.heappop(self._heap)
         return False
 
-    def wait_queued(self, timeout: float) -> bool:
-        """Wait until something is queued (or the table closes, or ``timeout`` passes)."""
+    def wait_queued(self, timeout: float, up_to: Priority | None = None) -> bool:
+        """Wait until something is queued (at ``up_to`` or higher, if given), the table closes, or
+        ``timeout`` passes."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or self._has_queued_locked(), timeout)
-            return self._has_queued_locked()
+            self._cond.wait_for(lambda: self._closed or self._has_queued_locked(up_to), timeout)
+            return self._has_queued_locked(up_to)
 
     def pending(self) -> int:
         with self._cond:

@@ -599,6 +599,14 @@ def prefill_shapes(limits: EngineLimits) -> Iterator[tuple[int, int]]:
             yield batch, tokens
 
 
+def coarse_first(shapes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``shapes`` (batch, length) reordered so that every batch size comes early: lengths that are powers
+    of two first, then those with two bits set, and so on, batch-major within each. A sweep stopped
+    halfway (serving began) has then met each batch size's variants at a spread of lengths, rather than
+    every length at the first few batch sizes."""
+    return [shape for _, shape in sorted(enumerate(shapes), key=lambda item: (item[1][1].bit_count(), item[0]))]
+
+
 def _warmup_priority(limits: EngineLimits, batch: int, tokens: int) -> Priority:
     return Priority.WARMUP if is_warmup_shape(limits, batch, tokens) or (
         tokens == 1 and batch in set(limits.cuda_graph_batch_sizes)) else Priority.BACKGROUND
@@ -681,7 +689,7 @@ def _class_launches(site: ModelSite, limits: EngineLimits, chosen: list) -> Iter
 
 def _sweep(site: ModelSite, limits: EngineLimits) -> Iterator[PlannedLaunch]:
     forwards, longest = site.forwards, limits.max_seq_len
-    for batch, tokens in prefill_shapes(limits):
+    for batch, tokens in coarse_first(prefill_shapes(limits)):
         priority = _warmup_priority(limits, batch, tokens)
         for convention in site.conventions:
             if convention.padded and batch == 1:  # one row is never padded

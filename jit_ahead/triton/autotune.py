@@ -9,9 +9,11 @@ start answers from the recorded choices where Triton would look its stored timin
 (``Autotuner.check_disk_cache``): the first launch for that key runs the chosen config at once, as on a
 warm cache. Planning sees the choices too and asks helpers for the chosen config's variant only.
 
-Only autotuners whose library stores results (``cache_results``: Triton calls ``check_disk_cache``) are
-recorded and answered; a choice is used only if the kernel's source (``JITFunction.cache_key``), the
-tuning key and the pruned configs are what was recorded. No kernel module is imported to apply one.
+Every autotuner's choices are kept (``keep_every_choice``): while a session keeps them
+(JIT_AHEAD_TUNING_DIR, on by default), an autotuner whose library does not store results behaves as one
+that does (``cache_results``), so that Triton asks ``check_disk_cache``; Triton then stores its timings in
+its own cache too. A choice is used only if the kernel's source (``JITFunction.cache_key``), the tuning
+key and the pruned configs are what was recorded. No kernel module is imported to apply one.
 """
 from __future__ import annotations
 
@@ -83,6 +85,14 @@ class KnownChoices:
         self._by_owner: dict[int, dict[tuple, TuningChoice]] = {}
         self._by_identity: dict[tuple, TuningChoice] = {}
         self._lock = threading.Lock()
+        self._reading: set[int] = set()  # owners whose stored choices are being read
+        self._read = threading.Condition(self._lock)
+
+    def expect(self, owner: object) -> None:
+        """``owner`` is about to read stored choices: a lookup waits for them (``add``) a little, so that
+        the first launches of a start that begins with autotuned kernels do not benchmark what is stored."""
+        with self._lock:
+            self._reading.add(id(owner))
 
     def add(self, choices, owner: object = None) -> None:
         with self._lock:
@@ -90,11 +100,23 @@ class KnownChoices:
             for choice in choices:
                 mine[choice.identity] = choice
             self._merge()
+            self._done_reading(owner)
 
     def forget(self, owner: object) -> None:
         with self._lock:
             if self._by_owner.pop(id(owner), None) is not None:
                 self._merge()
+            self._done_reading(owner)
+
+    def _done_reading(self, owner: object) -> None:  # called with the lock held
+        if id(owner) in self._reading:
+            self._reading.discard(id(owner))
+            self._read.notify_all()
+
+    def _wait_read(self) -> None:
+        with self._lock:
+            if self._reading:
+                self._read.wait_for(lambda: not self._reading, READ_WAIT_S)
 
     def _merge(self) -> None:  # called with the lock held
         self._by_identity = {identity: choice for mine in self._by_owner.values() for identity, choice in mine.items()}
@@ -106,6 +128,7 @@ class KnownChoices:
     def config_for(self, autotuner: Autotuner, tuning_key, configs):
         """The Config among ``configs`` recorded as the choice for this kernel source, key and configs;
         None where Triton would not store or load one (a config with a pre_hook)."""
+        self._wait_read()
         if not self._by_identity or not _storable(configs):
             return None
         identity = _identity(autotuner, tuning_key, configs)
@@ -116,6 +139,44 @@ class KnownChoices:
 
 
 KNOWN = KnownChoices()
+# How long a lookup waits for stored choices still being read (a small file; a start's first autotuned
+# launch can come before the reading thread has run).
+READ_WAIT_S = 10.0
+
+
+# -- every autotuner keeps its choices ------------------------------------------------------------------------
+_keep_every_choice = False
+
+
+def _get_cache_results(self) -> bool:
+    own = self.__dict__.get("cache_results", False)
+    if own or not _keep_every_choice:
+        return own
+    from triton import knobs
+
+    return not knobs.runtime.interpret
+
+
+def _set_cache_results(self, value) -> None:
+    self.__dict__["cache_results"] = value
+
+
+_KEEPING = property(_get_cache_results, _set_cache_results,
+                    doc="the library's own setting, or True while jit_ahead keeps every choice")
+
+
+def keep_every_choice(on: bool) -> None:
+    """While on, every autotuner stores its choices as one built with ``cache_results`` does: Triton asks
+    ``check_disk_cache`` (where records answer and record). A property on the class (it takes precedence
+    over each instance's own attribute, which it leaves as the library set it): off again, every
+    autotuner is what it was."""
+    global _keep_every_choice
+    with _lock:
+        _keep_every_choice = on
+        if on:
+            Autotuner.cache_results = _KEEPING
+        elif Autotuner.__dict__.get("cache_results") is _KEEPING:
+            del Autotuner.cache_results
 
 
 # -- Autotuner.check_disk_cache: where Triton loads or stores a choice, so where records do too ------------

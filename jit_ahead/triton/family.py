@@ -17,7 +17,7 @@ from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.records import KNOB as RECORD_KNOB
-from ..core.records import RecordFolder, is_dotted_name, record_folder
+from ..core.records import RecordFolder, is_dotted_name, keeps_tuning, record_folder, tuning_folder
 from ..core.stats import Stats
 from ..core.table import RequestTable, Ticket
 from ..registry import workers_knob
@@ -84,8 +84,14 @@ class TritonFamily(FamilyBase):
         super().close(grace)
         autotune.KNOWN.forget(self)  # the choices this session read go with it
 
+    def _records_wanted(self) -> bool:
+        """Autotune choices are kept by default (JIT_AHEAD_TUNING_DIR), variants with JIT_AHEAD_RECORD_DIR."""
+        return keeps_tuning()
+
     def _start_recording(self) -> None:
         self.executor.recorder = self._record
+        autotune.KNOWN.expect(self)  # the stored choices are read next, in the replay thread
+        autotune.keep_every_choice(True)
         autotune.install_recorder(self._record_choice)
 
     def _install_hooks(self) -> None:
@@ -97,6 +103,7 @@ class TritonFamily(FamilyBase):
     def _remove_hooks(self) -> None:
         hook.release(self._on_miss)
         autotune.remove_recorder(self._record_choice)
+        autotune.keep_every_choice(False)
         autotune.remove_bench_listener(self._on_benchmark)
         if knobs.compilation.listener == self._on_compile:
             knobs.compilation.listener = self._previous_listener
@@ -252,7 +259,7 @@ class TritonFamily(FamilyBase):
     def _open_tuning_records(self) -> RecordFolder | None:
         """The autotune choices of earlier starts on this GPU model, for autotuners to answer from."""
         try:
-            folder = record_folder(autotune.record_format(target_of(self.device_view), self.device_view.name))
+            folder = tuning_folder(autotune.record_format(target_of(self.device_view), self.device_view.name))
             choices = folder.read() if folder is not None else []
             autotune.KNOWN.add(choices, owner=self)
             if self._closing:  # closed while reading: close() may have forgotten this family's choices already
@@ -263,6 +270,7 @@ class TritonFamily(FamilyBase):
                                                       file=str(folder.path)))
             return folder
         except Exception:  # an optimisation: the autotuners benchmark as they would without it
+            autotune.KNOWN.forget(self)  # no lookup waits for what will not come
             log.exception("triton: recorded autotune choices could not be read; autotuners benchmark")
             return None
 

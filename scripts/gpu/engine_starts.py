@@ -24,8 +24,8 @@ With --engine-style (issue 35: a cold start ready sooner than without jit_ahead)
 engine does, with weights from disk: the model is built on the GPU, its weights are read from a safetensors
 checkpoint written once with random values (its pages dropped from the page cache before every arm, so
 that each arm reads the disk), and jit_ahead plans the model at construction, before the weights load, so
-that planning and building overlap the load; jit arms then wait for the WARMUP variants only, and the
-BACKGROUND builds go on while the engine warms up and serves (a request whose variant is not built yet
+that planning and building overlap the load; jit arms then wait as JIT_AHEAD_READY says (default: the
+whole plan listed, its WARMUP variants built; the ready line's figures are kept), and the BACKGROUND builds go on while the engine warms up and serves (a request whose variant is not built yet
 waits for it, raised to the front of the queue, or builds it in place). Cold arms named jit-cold-N or
 plain-cold-N each get empty folders of their own (Triton cache, plans, records).
 Without it, each arm does what an engine does: build the model on the GPU, (jit_ahead: start, plan_model,
@@ -314,8 +314,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         busy_model, busy_set = BUSY_MODEL
         run = session.plan_model(build(busy_model, "meta"), EngineLimits(**SETS[busy_set]))
         ready = None
-    elif session is not None and checkpoint:  # an engine warms up once its warmup's variants are built
-        ready = session.wait_ready(timeout=1200, priority=Priority.WARMUP)
+    elif session is not None and checkpoint:  # the ready rule of JIT_AHEAD_READY (default: the whole plan
+        ready = session.wait_ready(timeout=1200)  # listed, its WARMUP variants built)
     elif session is not None:
         run = session.plan_model(model, limits)
         ready = session.wait_ready(timeout=1200, priority=Priority.BACKGROUND)
@@ -362,6 +362,15 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     if arm == "busy-jit":  # was the background work still going when serving ended?
         result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.table.pending(),
                       busy_planned=sum(run.variants.values()))
+    if session is not None:  # what the launches waited for, and what was built for them after ready
+        waits = [e for e in events if e["event"] == "wait"]
+        result.update(waits_serving=sum(e["phase"] == "serving" for e in waits),
+                      longest_wait_s=round(max((e["seconds"] for e in waits), default=0.0), 3),
+                      longest_wait=max(waits, key=lambda e: e["seconds"], default={}).get("cause"),
+                      guards_serving=sum(e["event"] == "guard" for e in events),
+                      builds_for_launches_serving=sum(e["event"] == "build_finish" and e["phase"] == "serving"
+                                                      and e.get("helper") in ("helper-urgent", "executor")
+                                                      for e in events))
     if session is not None:  # when the records were read and queued, on the clock of the other times
         replayed = next((e["time"] for e in events if e["event"] == "replay"), None)
         result["replay_done_s"] = None if replayed is None else round(replayed - time.time() + time.perf_counter() - T0, 2)
@@ -372,6 +381,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         tuned = next((e for e in events if e["event"] == "tune_ahead"), None)
         result["tune_ahead"] = None if tuned is None else {
             k: v for k, v in tuned.items() if k in ("tuned_ahead", "chosen_already", "left", "seconds", "left_why")}
+        said = next((e for e in events if e["event"] == "ready"), None)
+        result["ready_line"] = None if said is None else {k: v for k, v in said.items()
+                                                          if k not in ("event", "time", "phase", "thread")}
         result.update(ready=ready, planned_variants=sum(run.variants.values()), planning_s=round(run.seconds, 2),
                       launches=run.launches, saved_plan=bool(run.saved_plan),
                       plan_loaded=any(e["event"] == "plan_loaded" for e in events),
@@ -452,6 +464,15 @@ def _tuned(r: dict) -> str:
     return f"{r.get('tune_ahead_s', '')} ({tuned.get('tuned_ahead', 0)} / {tuned.get('left', 0)})"
 
 
+def _ready_figures(r: dict) -> str:
+    """The ready line's figures of one arm: planning done or not, variants listed / built / pending."""
+    said = r.get("ready_line")
+    if not said:
+        return "-"
+    return (f"{'plan done' if said['planning_done'] else 'planning running'} {said['listed']} listed "
+            f"{said['built']} built {said['pending']} pending")
+
+
 def report_lines(report: dict) -> list[str]:
     """The markdown of a run: one row per arm, then per model and limit set the warm ratio, the busy
     ratio and each phase's median per arm (what part of a start jit_ahead adds to)."""
@@ -502,7 +523,11 @@ def report_lines(report: dict) -> list[str]:
                              f"executor compiles after ready {[r['executor_compiles_serving'] for r in cold['jit']]} / "
                              f"{[r['executor_compiles_serving'] for r in cold['plain']]}; autotune runs after ready "
                              f"{[r['autotune_runs_serving'] for r in cold['jit']]} / "
-                             f"{[r['autotune_runs_serving'] for r in cold['plain']]}")
+                             f"{[r['autotune_runs_serving'] for r in cold['plain']]}; with jit_ahead, builds for a "
+                             f"waiting launch after ready {[r.get('builds_for_launches_serving') for r in cold['jit']]}, "
+                             f"guard reports {[r.get('guards_serving') for r in cold['jit']]}, longest wait "
+                             f"{[r.get('longest_wait_s') for r in cold['jit']]} s, ready line "
+                             f"{[_ready_figures(r) for r in cold['jit']]}")
             pairs = {arm: [r["serving_s"] for r in runs_of(model, set_name, arm)] for arm in ("busy-plain", "busy-jit")}
             if pairs["busy-plain"] and pairs["busy-jit"]:
                 lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
