@@ -491,3 +491,25 @@ def test_a_launch_blocked_while_helpers_build_background_work_gets_the_urgent_he
     assert wait["cause"] == "queued behind 0 other requests, 1 of 2 helpers busy"
     assert "launches that waited over 0.5s for a build: 1" in text(analyse(events))
     assert all(t.wait(300) is State.DONE for t in background)  # the paused work finishes afterwards
+
+
+def test_kill_9_of_the_urgent_helper_mid_build_frees_the_launch_and_resumes_the_paused_helpers(session_factory):
+    session = session_factory(workers=1)
+    pool = session.triton.pool
+    background = session.triton.submit([slow_request(steps) for steps in (40, 41)], Priority.BACKGROUND)
+    wait_state(background[0], lambda t: t.state is State.RUNNING and t.owner == "helper-0")
+    busy = psutil.Process(pool.helper_pids()["helper-0"])
+    done = []
+    launcher = threading.Thread(target=lambda: done.append(k.slow_kernel[(1,)](meta(1024), STEPS=14, BLOCK=1024)))
+    launcher.start()
+    deadline = time.monotonic() + 120
+    while "helper-urgent" not in pool.helper_pids() or busy.status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, "the urgent helper never started, or helper-0 was never paused"
+        time.sleep(0.01)
+    psutil.Process(pool.helper_pids()["helper-urgent"]).kill()
+    launcher.join(300)
+    assert done and done[0] is not None  # the launch got its variant (built in place after the crash)
+    assert pool.table.get(done[0].hash).state is State.DONE
+    assert busy.status() != psutil.STATUS_STOPPED  # resumed although the urgent build died
+    assert session.stats.count("helper_crash") == 1
+    assert all(t.wait(300) is State.DONE for t in background)

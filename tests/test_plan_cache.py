@@ -247,3 +247,26 @@ def test_a_start_killed_mid_planning_is_followed_by_one_that_goes_on_and_ends_wi
     assert whole.launches == run.launches and whole.launches_resumed == 0
     assert {r.predicted_hash for r in run.requests} == {r.predicted_hash for r in whole.requests}
     assert dict(run.variants) == dict(whole.variants)
+
+
+def test_a_damaged_partial_plan_is_one_line_and_planning_starts_over(tmp_path, caplog):
+    first = start(workers=0)
+    try:
+        whole = plan(first, model())
+    finally:
+        first.close()
+    saved = whole.saved_plan
+    partial = saved.replace(".jsonl", ".partial.jsonl")
+    os.remove(saved)
+    with open(partial, "w") as f:
+        f.write('{"jit_ahead_plan": 1, "partial": true, "key": {}}\nnot json\n')
+    os.chmod(partial, 0o600)
+    CountingProvider.passes = 0
+    second = start(workers=0)
+    try:
+        again = plan(second, model())
+    finally:
+        second.close()
+    assert CountingProvider.passes == 1 and again.launches_resumed == 0 and again.launches == whole.launches
+    assert [r.levelno for r in caplog.records if partial in r.getMessage()] == [logging.WARNING]
+    assert not os.path.exists(partial) and os.path.exists(saved)  # the whole plan replaced it

@@ -335,3 +335,19 @@ def test_recorded_choices_are_forgotten_when_their_session_closes(tmp_path, monk
     assert session.triton.wait_replay(60) and autotune.KNOWN
     session.close()
     assert not autotune.KNOWN
+
+
+def test_an_unusable_tuning_folder_is_one_line_naming_its_knob_and_autotuners_benchmark(
+        tmp_path, monkeypatch, caplog, session_factory):
+    monkeypatch.delenv("JIT_AHEAD_RECORD_DIR", raising=False)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the folder should be")
+    monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", str(blocked / "tuning"))
+    session = session_factory(workers=1)
+    assert session.triton.wait_replay(60)
+    lines = [r for r in caplog.records if "JIT_AHEAD_TUNING_DIR" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR and "cannot be used" in lines[0].getMessage()
+    k.BENCHMARKED.clear()
+    x = torch.empty(4096, device="meta", dtype=torch.float16)
+    k.stored_tuning_kernel[(4,)](x, x, 4096)  # benchmarks as it would without jit_ahead, and runs
+    assert len(k.BENCHMARKED) == 3
