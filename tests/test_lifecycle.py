@@ -74,6 +74,7 @@ def test_ready_with_planning_still_running_says_so_in_one_line_and_the_hold_wait
         assert len(lines) == 1 and lines[0].levelno == logging.WARNING
         assert "planning still running" in lines[0].getMessage()
         assert "variants listed so far" in lines[0].getMessage()
+        assert "; plan unfinished: " in session.describe() and " listed so far, " in session.describe()
         # The hold: the default rule (the whole plan listed) does not call a blocked plan ready.
         monkeypatch.delenv("JIT_AHEAD_READY")
         assert not session.wait_ready(timeout=0.5)
@@ -86,6 +87,8 @@ def test_ready_with_planning_still_running_says_so_in_one_line_and_the_hold_wait
     state = session.readiness()
     assert state.complete and state.built == state.listed == sum(run.variants.values())
     assert "the plan is complete" in state.line()
+    assert session.describe().endswith(f"; plan complete: {state.listed} variants listed, {state.listed} built, "
+                                       "0 queued or building")
     assert len([e for e in events if e["event"] == "ready"]) == 1  # said once per session
 
 

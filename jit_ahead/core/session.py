@@ -242,9 +242,16 @@ class Session:
             log.info("%s", line)
 
     def describe(self) -> str:
-        """The families and their helpers, for the start-up line."""
-        return ", ".join(family_helpers(name, family.pool.workers)
+        """The families and their helpers, for the start-up line; once a model is planned, how far its
+        plan is (``readiness``)."""
+        line = ", ".join(family_helpers(name, family.pool.workers)
                          for name, family in self.families.items()) or "no family available"
+        if self._planning:
+            state = self.readiness()
+            line += (f"; plan {'complete' if state.complete else 'unfinished'}: {state.listed} variants listed"
+                     f"{'' if state.planning_done else ' so far'}, {state.built} built, {state.pending} queued or "
+                     "building")
+        return line
 
     def _count(self, record: dict) -> None:
         event = record["event"]

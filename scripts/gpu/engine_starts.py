@@ -70,7 +70,10 @@ MODELS = {"qwen3-liger": dict(hidden=512, heads=8, kv_heads=4, head_dim=64),
           "qwen35-hybrid": dict(hidden=1024),
           # real-sized for a checkpoint on disk (--engine-style): about 0.8 B parameters, 1.6 GB in bf16
           "qwen3-liger-1b": dict(hidden=2048, heads=16, kv_heads=4, head_dim=128, layers=16),
-          "gated-deltanet-1b": dict(hidden=2048, heads=8, head_dim=128, expand_v=1.0, layers=16)}
+          "gated-deltanet-1b": dict(hidden=2048, heads=8, head_dim=128, expand_v=1.0, layers=16),
+          # models no test uses (issue 44): Llama with Liger's kernels, fla's gated linear attention (GLA)
+          "llama-liger-1b": dict(hidden=2048, heads=16, kv_heads=4, head_dim=128, layers=16),
+          "gla-1b": dict(hidden=2048, heads=4, layers=16)}
 REQUESTS = 40
 BUSY_MODEL = ("gated-deltanet-1024", "large")
 
@@ -84,7 +87,23 @@ def build(name: str, device: str):
 
         return demo_models.qwen35_hybrid(device, hidden=settings["hidden"])
     with torch.device(device):
-        if name.startswith("qwen3"):
+        if name.startswith("llama-liger"):
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True)
+            config = LlamaConfig(hidden_size=settings["hidden"], intermediate_size=settings["hidden"] * 3,
+                                 num_hidden_layers=settings["layers"], num_attention_heads=settings["heads"],
+                                 num_key_value_heads=settings["kv_heads"], head_dim=settings["head_dim"],
+                                 vocab_size=4096, max_position_embeddings=32768)
+            model = LlamaForCausalLM(config)
+        elif name.startswith("gla"):
+            from fla.models import GLAConfig, GLAForCausalLM
+
+            config = GLAConfig(hidden_size=settings["hidden"], num_hidden_layers=settings["layers"],
+                               num_heads=settings["heads"], vocab_size=4096, max_position_embeddings=32768)
+            model = GLAForCausalLM(config)
+        elif name.startswith("qwen3"):
             from liger_kernel.transformers import apply_liger_kernel_to_qwen3
             from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -637,14 +656,16 @@ def main() -> int:
                 for arm in arms:
                     cache = {"jit-replay": folders["empty"], "plain-cold": folders["cold"]}.get(arm, folders["cache"])
                     env = dict(os.environ, TRITON_CACHE_DIR=cache, JIT_AHEAD_PLAN_DIR=folders["plans"],
-                               JIT_AHEAD_RECORD_DIR=folders["records"])
+                               JIT_AHEAD_RECORD_DIR=folders["records"],
+                               JIT_AHEAD_TUNING_DIR=os.path.join(scratch, "tuning"))  # never the machine's own
                     if args.profile_start:
                         env["ENGINE_STARTS_PROFILE"] = "1"
                     if arm.endswith("-norecords"):  # the same arm with recording and replay off
                         env.pop("JIT_AHEAD_RECORD_DIR")
                     if arm.startswith(("jit-cold-", "plain-cold-")):  # another cold arm: cold folders of its own
                         env.update(TRITON_CACHE_DIR=tempfile.mkdtemp(dir=scratch), JIT_AHEAD_PLAN_DIR=tempfile.mkdtemp(dir=scratch),
-                                   JIT_AHEAD_RECORD_DIR=tempfile.mkdtemp(dir=scratch))
+                                   JIT_AHEAD_RECORD_DIR=tempfile.mkdtemp(dir=scratch),
+                                   JIT_AHEAD_TUNING_DIR=tempfile.mkdtemp(dir=scratch))
                     if model in checkpoints:
                         env["ENGINE_STARTS_CHECKPOINT"] = checkpoints[model]
                         drop_from_page_cache(checkpoints[model])
