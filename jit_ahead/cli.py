@@ -118,10 +118,10 @@ def _report_builds(runs: dict, workers: int, wall: float) -> int:
     for run in runs.values():
         for kernel, providers in run.planned_by.items():
             by.setdefault(kernel, set()).update(providers)
-    for ticket in tickets:
-        payload = ticket.request.payload
-        name = f"{payload.module}.{payload.qualname}"
-        per_kernel[name] = per_kernel.get(name, 0) + 1
+    for run in runs.values():  # every planned variant, built now or found on disk
+        for request in run.requests:
+            name = f"{request.module}.{request.qualname}"
+            per_kernel[name] = per_kernel.get(name, 0) + 1
     planned = sum(sum(run.variants.values()) for run in runs.values())
     print(f"{'kernel':<96} variants  planned by")
     for name in sorted(per_kernel):

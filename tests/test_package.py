@@ -73,6 +73,12 @@ def test_demo_with_no_helpers_builds_every_variant_in_this_process(tmp_path):
     lines = [line for _, line in arrived]
     assert lines.index(next(l for l in lines if l.startswith("qwen3-liger: planned"))) < lines.index(
         next(l for l in lines if l.startswith("built ")))
+    # again on the same cache: everything is on disk, and the table still lists every planned kernel (it
+    # listed none, only what this run built)
+    again = "\n".join(line for _, line in run_demo(tmp_path, "0")[0])
+    assert "built 0 of 0 variants" in again and f"{count} were already on disk" in again
+    row = next(line for line in again.splitlines() if line.startswith("liger_kernel.ops.rope._triton_rope"))
+    assert int(row.split()[1]) > 0
 
 
 def test_demo_checks_libraries_without_importing_them():
