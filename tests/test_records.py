@@ -351,3 +351,30 @@ def test_an_unusable_tuning_folder_is_one_line_naming_its_knob_and_autotuners_be
     x = torch.empty(4096, device="meta", dtype=torch.float16)
     k.stored_tuning_kernel[(4,)](x, x, 4096)  # benchmarks as it would without jit_ahead, and runs
     assert len(k.BENCHMARKED) == 3
+
+
+def test_a_planner_forked_while_the_stored_choices_are_read_does_not_wait_for_them():
+    # A planner is forked from the server while its replay thread may still be reading the stored choices.
+    # The fork has no such thread: a lookup there waited READ_WAIT_S for a read that never ends, at every
+    # autotuned launch it planned.
+    import time
+
+    from jit_ahead.triton import autotune
+
+    owner = object()
+    autotune.KNOWN.expect(owner)
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the planner
+            t0 = time.monotonic()
+            autotune.KNOWN.config_for(k.stored_tuning_kernel, (4096, "torch.float16", "torch.float16"),
+                                      k.stored_tuning_kernel.configs)
+            os.write(write, f"{time.monotonic() - t0:.3f}".encode())
+            os._exit(0)
+        os.close(write)
+        waited = float(os.read(read, 64).decode())
+        os.waitpid(pid, 0)
+    finally:
+        autotune.KNOWN.forget(owner)
+    assert waited < autotune.READ_WAIT_S / 4, waited

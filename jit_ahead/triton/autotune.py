@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,9 +85,12 @@ class KnownChoices:
     def __init__(self) -> None:
         self._by_owner: dict[int, dict[tuple, TuningChoice]] = {}
         self._by_identity: dict[tuple, TuningChoice] = {}
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()  # planners are forked while a replay thread may hold it
         self._reading: set[int] = set()  # owners whose stored choices are being read
         self._read = threading.Condition(self._lock)
+        if hasattr(os, "register_at_fork"):
+            # a fork (a planner) has no reading thread: its lookups must not wait for one
+            os.register_at_fork(after_in_child=self._reading.clear)
 
     def expect(self, owner: object) -> None:
         """``owner`` is about to read stored choices: a lookup waits for them (``add``) a little, so that

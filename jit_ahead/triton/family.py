@@ -17,7 +17,8 @@ from ..core.family import FamilyBase
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.records import KNOB as RECORD_KNOB
-from ..core.records import RecordFolder, is_dotted_name, keeps_tuning, record_folder, tuning_folder
+from ..core.records import (RecordFolder, is_dotted_name, keeps_tuning, record_folder, recording_enabled,
+                             tuning_folder)
 from ..core.stats import Stats
 from ..core.table import RequestTable, Ticket
 from ..registry import workers_knob
@@ -89,7 +90,8 @@ class TritonFamily(FamilyBase):
         return keeps_tuning()
 
     def _start_recording(self) -> None:
-        self.executor.recorder = self._record
+        if recording_enabled():  # variants are recorded only where a record folder keeps them
+            self.executor.recorder = self._record
         autotune.KNOWN.expect(self)  # the stored choices are read next, in the replay thread
         autotune.keep_every_choice(True)
         autotune.install_recorder(self._record_choice)
@@ -287,6 +289,8 @@ class TritonFamily(FamilyBase):
         benchmark launched first: those of configs it did not choose are benchmark-only."""
         if choice is not None:
             self._add_record("tuning_records", choice)
+        if not recording_enabled():  # choices only: no folder keeps variants
+            return
         for request, config in launched:
             not_chosen = choice is not None and str(config) != choice.best
             self._add_record("records", RecordedVariant(request, benchmark_only=not_chosen))
