@@ -270,3 +270,75 @@ def test_a_damaged_partial_plan_is_one_line_and_planning_starts_over(tmp_path, c
     assert CountingProvider.passes == 1 and again.launches_resumed == 0 and again.launches == whole.launches
     assert [r.levelno for r in caplog.records if partial in r.getMessage()] == [logging.WARNING]
     assert not os.path.exists(partial) and os.path.exists(saved)  # the whole plan replaced it
+
+
+def test_a_plan_cut_at_a_line_end_is_refused_not_half_read(tmp_path, caplog):
+    # Before: a file that lost its last lines whole (a copy cut short, a disk that filled between lines)
+    # still parsed, so the start took a plan without those families' variants and never planned them.
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        first = plan(session, model())
+        with open(first.saved_plan) as f:
+            header = f.readline()
+        with open(first.saved_plan, "w") as f:
+            f.write(header)  # the header alone: every family's line is gone
+        CountingProvider.passes = 0
+        again = plan(session, model())
+        assert CountingProvider.passes == 1 and again.variants == first.variants
+        assert any(first.saved_plan in r.getMessage() and "cut short" in r.getMessage() for r in caplog.records)
+
+        # a partial plan likewise: its progress says launches ran, whose variants the lost lines held
+        store = plan_cache.PlanStore(tmp_path / "plans")
+        families = session.families
+        parts = {"model_class": "test", "n": 1}
+        saved = plan_cache.SavedPlan(requests={"triton": [(Priority.WARMUP, r) for r in first.requests]},
+                                     launches=first.launches, progress={"g": [[0, first.launches]]})
+        path = store.save(parts, saved, families)
+        assert path and store.load(parts, families, partial=True).progress == {"g": [[0, first.launches]]}
+        lines = path.read_text().splitlines()
+        path.write_text(lines[0] + "\n")
+        assert store.load(parts, families, partial=True) is None
+        path.write_text("\n".join(lines)[:-40])  # cut mid-line
+        assert store.load(parts, families, partial=True) is None
+    finally:
+        session.close()
+
+
+def test_a_huge_plan_file_is_refused_unread(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        first = plan(session, model())
+        with open(first.saved_plan, "r+b") as f:
+            f.truncate(plan_cache.MAX_PLAN_BYTES + 1)  # sparse: no disk, but reading it whole would take it all
+        peak = psutil.Process().memory_info().rss
+        CountingProvider.passes = 0
+        again = plan(session, model())
+        assert CountingProvider.passes == 1 and again.variants == first.variants
+        assert psutil.Process().memory_info().rss - peak < plan_cache.MAX_PLAN_BYTES // 2
+        assert [r for r in caplog.records if "bytes, more than any plan" in r.getMessage()]
+        assert os.path.getsize(again.saved_plan) < 1 << 20  # replaced by the real plan
+    finally:
+        session.close()
+
+
+def test_a_partial_plan_that_cannot_be_written_is_said_once_and_planning_ends_whole(tmp_path, monkeypatch,
+                                                                                      caplog):
+    # The partial file's place is taken by a folder (as a read-only or full disk would refuse the file,
+    # also for root): each save fails; planning goes on, says so once, and saves the whole plan.
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setattr("jit_ahead.core.planning.PARTIAL_EVERY_S", 0.0)  # a save after every group's step
+    session = start(workers=0)
+    try:
+        whole = plan(session, model(), provider=LoggedProvider(tmp_path / "first.log"))
+        partial = whole.saved_plan.replace(".jsonl", ".partial.jsonl")
+        os.remove(whole.saved_plan)
+        os.mkdir(partial)
+        caplog.clear()
+        again = plan(session, model(), provider=LoggedProvider(tmp_path / "second.log"))
+        assert again.launches == whole.launches and again.variants == whole.variants and again.saved_plan
+        said = [r for r in caplog.records if "cannot save the plan" in r.getMessage()]
+        assert len(said) == 1 and partial in said[0].getMessage()
+    finally:
+        session.close()

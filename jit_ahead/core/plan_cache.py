@@ -38,7 +38,10 @@ from .records import describe_difference, unsafe_because
 log = logging.getLogger("jit_ahead.planning")
 
 KNOB = "JIT_AHEAD_PLAN_DIR"
-FORMAT = 1
+FORMAT = 2  # 2: the header holds the body's digest, so a file cut at a line end is refused, not half read
+# A plan lists variants, not weights: far below this. A larger file is not one jit_ahead wrote, and reading
+# it whole would cost the server memory and seconds before it is refused anyway.
+MAX_PLAN_BYTES = 256 << 20
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -204,6 +207,10 @@ def digest(parts: dict) -> str:
 
 
 # -- the file -----------------------------------------------------------------------------------------------
+def _body_digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
 @dataclass
 class SavedPlan:
     """What planning found: per family, each variant's entry with its first priority, and the autotune
@@ -264,9 +271,14 @@ class PlanStore:
         path = self.path(parts, partial)
         try:
             with open(path, encoding="utf-8") as f:
-                why = unsafe_because(path, os.fstat(f.fileno()))
+                info = os.fstat(f.fileno())
+                why = unsafe_because(path, info)
                 if why:
                     log.error("saved plan %s is %s; it names modules helpers import, so it is ignored", path, why)
+                    return None
+                if info.st_size > MAX_PLAN_BYTES:
+                    log.error("saved plan %s is %d bytes, more than any plan (%d); not read, planning again",
+                              path, info.st_size, MAX_PLAN_BYTES)
                     return None
                 lines = f.read().splitlines()
         except FileNotFoundError:
@@ -281,6 +293,8 @@ class PlanStore:
                 return None
             if bool(header.get("partial")) != partial:
                 raise ValueError("partial" if not partial else "not partial")
+            if header.get("body") != _body_digest(lines[1:]):
+                raise ValueError("its body does not match the digest in its header: cut short or edited")
             plan = SavedPlan(launches=int(header["launches"]), seconds=float(header["seconds"]),
                              errors=list(header.get("errors", [])), created=float(header.get("created", 0)))
             if partial:
@@ -312,7 +326,7 @@ class PlanStore:
                   "errors": plan.errors, "created": time.time()}
         if partial:
             header.update(partial=True, progress=plan.progress)
-        lines = [json.dumps(header, sort_keys=True, default=str)]
+        lines = []
         try:
             for name, entries in plan.requests.items():
                 family = families[name]
@@ -323,6 +337,8 @@ class PlanStore:
         except (TypeError, ValueError) as exc:  # a request its family cannot write down
             log.warning("the plan cannot be saved (%s: %s); the next start plans again", type(exc).__name__, exc)
             return None
+        header["body"] = _body_digest(lines)
+        lines.insert(0, json.dumps(header, sort_keys=True, default=str))
         aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
