@@ -21,7 +21,8 @@ For each model and limit set, arms in fresh processes, in this order:
                the large limits, no saved plan, none of its variants built), against the same serving
                without jit_ahead: what background planning and builds cost a serving request
 With --engine-style (issue 35: a cold start ready sooner than without jit_ahead), each arm starts as an
-engine does, with weights from disk: the model is built on the GPU, its weights are read from a safetensors
+engine does, with weights from disk: the model is built on the GPU without initializing its weights
+(transformers' no_init_weights, as an engine skips what it overwrites next), its weights are read from a safetensors
 checkpoint written once with random values (its pages dropped from the page cache before every arm, so
 that each arm reads the disk), and jit_ahead plans the model at construction, before the weights load, so
 that planning and building overlap the load; jit arms then wait as JIT_AHEAD_READY says (default: the
@@ -41,6 +42,7 @@ compile() calls that compiled (executor compiles) and autotuner benchmark runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -78,7 +80,17 @@ REQUESTS = 40
 BUSY_MODEL = ("gated-deltanet-1024", "large")
 
 
-def build(name: str, device: str):
+def _no_init():
+    """Construction without the random initialization of the weights, as an engine builds a model whose
+    weights it loads next (transformers' own switch; none where this transformers lacks it)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
+def build(name: str, device: str, init: bool = True):
     import torch
 
     settings = MODELS[name]
@@ -86,7 +98,7 @@ def build(name: str, device: str):
         from jit_ahead import demo_models
 
         return demo_models.qwen35_hybrid(device, hidden=settings["hidden"])
-    with torch.device(device):
+    with torch.device(device), (contextlib.nullcontext() if init else _no_init()):
         if name.startswith("llama-liger"):
             from liger_kernel.transformers import apply_liger_kernel_to_llama
             from transformers import LlamaConfig, LlamaForCausalLM
@@ -320,7 +332,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     torch.empty(1, device="cuda")  # the CUDA context, timed apart from the model's own imports and build
     t_cuda = time.perf_counter() - T0
     checkpoint = os.environ.get("ENGINE_STARTS_CHECKPOINT")  # --engine-style: weights from disk
-    model = build(model_name, "cuda")
+    model = build(model_name, "cuda", init=not checkpoint)  # weights from disk: not initialized first
     run = None
     loaded = {}
     if checkpoint:
