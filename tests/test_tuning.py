@@ -7,6 +7,7 @@ import random
 import torch
 
 from jit_ahead import demo_models
+from jit_ahead.core import plan_cache
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
 from jit_ahead.triton import capture, plan, tuning
@@ -179,6 +180,7 @@ def test_planner_processes_hand_their_tuning_tasks_to_the_session(session_factor
 def test_tasks_are_saved_with_the_plan_and_read_back_by_the_next_start(session_factory):
     import json
 
+    from jit_ahead.core import plan_cache
     from jit_ahead.triton.tuning import decode_task, encode_task
 
     limits = EngineLimits(max_num_tokens=64, max_batch_size=2, max_seq_len=48, cuda_graph_batch_sizes=(1, 2))
@@ -212,7 +214,8 @@ def test_a_saved_task_that_is_not_one_makes_the_plan_unusable_not_the_start(sess
         except (ValueError, TypeError, KeyError):
             continue
         raise AssertionError(f"accepted {broken}")
-    # a saved plan whose task was altered on disk: one line, and the start plans again
+    # a saved plan whose task does not decode (its digest matches: written so, not damaged since): one
+    # line, and the start plans again
     limits = EngineLimits(max_num_tokens=48, max_batch_size=1, max_seq_len=48, cuda_graph_batch_sizes=(1,))
     model = demo_models.fla_gated_deltanet(layers=1)
     run = session_factory(workers=0).plan_model(model, limits, [FlaGatedDeltaNetProvider()])
@@ -222,7 +225,9 @@ def test_a_saved_task_that_is_not_one_makes_the_plan_unusable_not_the_start(sess
     bodies = [json.loads(line) for line in lines[1:]]
     (triton,) = [b for b in bodies if b.get("tuning")]
     triton["tuning"][0][1]["module"] = "not a module"
-    path.write_text("\n".join([lines[0]] + [json.dumps(b) for b in bodies]) + "\n")
+    body = [json.dumps(b) for b in bodies]
+    header = {**json.loads(lines[0]), "body": plan_cache._body_digest(body)}
+    path.write_text("\n".join([json.dumps(header)] + body) + "\n")
     again = session_factory(workers=0).plan_model(model, limits, [FlaGatedDeltaNetProvider()])
     assert again.wait(600) and not again.read_saved
     assert "is unusable (ValueError: not a kernel name" in caplog.text

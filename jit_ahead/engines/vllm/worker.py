@@ -1,0 +1,153 @@
+"""jit_ahead in a vLLM worker: the session follows the worker's start.
+
+Hooks (vLLM 0.25.x; another version gets one line and no hook, and records of earlier starts still replay):
+- the model is built (``initialize_model`` in the model loader, before its weights load): the session
+  starts there, with the worker's limits, so that replayed builds run while the weights load;
+- ``Worker.compile_or_warm_up_model``, before: the session is waited on as ``JIT_AHEAD_READY`` says
+  (at most ``JIT_AHEAD_VLLM_READY_TIMEOUT_S``, default 300 s: vLLM's engine waits 600 s for all of its
+  start), so vLLM's dummy runs, kernel warmups and CUDA-graph capture find the builds on disk;
+- ``vllm.utils.jit_monitor.activate`` (the end of warmup), before: the session marks serving (its
+  tune-ahead runs there), so what it does is warmup to vLLM's JIT monitor, not a miss;
+- vLLM's Inductor adaptors point ``TRITON_CACHE_DIR`` at a folder of the compiled model's own at the first
+  ``torch.compile`` (after the profile run, when helpers have built into the folder set at start): with
+  jit_ahead on, the folder set at start is kept, so the helpers' builds and vLLM's kernels share one cache.
+
+A hook never stops vLLM: what fails in jit_ahead's part is logged and the worker goes on.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+from ...core.knobs import env_seconds
+
+log = logging.getLogger("jit_ahead.engines.vllm")
+
+KNOWN_VERSIONS = ("0.25.",)
+READY_TIMEOUT_KNOB = "JIT_AHEAD_VLLM_READY_TIMEOUT_S"
+_MARK = "_jit_ahead_vllm_hook"
+
+
+def known(version: str) -> bool:
+    return version.startswith(KNOWN_VERSIONS)
+
+
+def install() -> bool:
+    """Hook vLLM's worker once (``plugin`` calls this after ``vllm.v1.worker.gpu_worker`` is imported);
+    False, with one line, for a vLLM this module does not know."""
+    import vllm
+
+    version = getattr(vllm, "__version__", "unknown")
+    if not known(version):
+        log.warning("vLLM %s is not a version jit_ahead's plugin knows (%s): its worker is not hooked, so the "
+                    "model is not planned at start; variants recorded by earlier starts (JIT_AHEAD_RECORD_DIR) "
+                    "still replay", version, ", ".join(v + "x" for v in KNOWN_VERSIONS))
+        return False
+    from vllm.compilation import compiler_interface
+    from vllm.model_executor.model_loader import base_loader
+    from vllm.utils import jit_monitor
+    from vllm.v1.worker import gpu_worker
+
+    _wrap(base_loader, "initialize_model", _after_model_built)
+    _wrap(gpu_worker.Worker, "compile_or_warm_up_model", _before_warmup)
+    _wrap(jit_monitor, "activate", _before_monitor)
+    for adaptor in ("InductorAdaptor", "InductorStandaloneAdaptor"):
+        cls = getattr(compiler_interface, adaptor, None)
+        if cls is not None:
+            _keep_triton_cache(cls)
+    log.debug("jit_ahead hooked vLLM %s's worker", version)
+    return True
+
+
+def _wrap(owner, name: str, before_or_after) -> None:
+    """``owner.name`` runs ``before_or_after`` around the original: called with the original's arguments
+    before it (``before_or_after.before``) or with its result after it; never twice on one attribute."""
+    original = getattr(owner, name)
+    if getattr(original, _MARK, False):
+        return
+    before = getattr(before_or_after, "before", False)
+
+    @functools.wraps(original)
+    def hooked(*args, **kwargs):
+        if before:
+            _guarded(before_or_after, *args, **kwargs)
+            return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        _guarded(before_or_after, result, *args, **kwargs)
+        return result
+
+    setattr(hooked, _MARK, True)
+    setattr(owner, name, hooked)
+
+
+def _guarded(hook, *args, **kwargs) -> None:
+    try:
+        hook(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - jit_ahead is an optimisation: vLLM goes on without this step
+        log.warning("jit_ahead's %s hook failed (%s: %s); vLLM goes on without it", hook.__name__,
+                    type(exc).__name__, exc)
+
+
+def _before(hook):
+    hook.before = True
+    return hook
+
+
+def _session():
+    """The process's session, started now if it was put off until the first compile."""
+    import jit_ahead
+
+    return jit_ahead.current()
+
+
+def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
+    from .limits import limits_from
+
+    session = _session()
+    if session is None or vllm_config is None:
+        return
+    limits = limits_from(vllm_config)
+    log.info("jit_ahead: vLLM built %s; its worker serves within %s", type(model).__name__, limits)
+
+
+@_before
+def _before_warmup(worker, *args, **kwargs) -> None:
+    session = _session()
+    if session is None:
+        return
+    timeout = env_seconds(READY_TIMEOUT_KNOB, 300.0, minimum=0.0)
+    if not session.wait_ready(timeout):
+        log.warning("jit_ahead was not ready within %s=%.0f s; vLLM's warmup goes on, and what is not built "
+                    "yet compiles where it is launched", READY_TIMEOUT_KNOB, timeout)
+
+
+@_before
+def _before_monitor(*args, **kwargs) -> None:
+    session = _session()
+    if session is not None:
+        session.mark_serving()
+
+
+def _keep_triton_cache(adaptor) -> None:
+    original = adaptor.initialize_cache
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def initialize_cache(self, *args, **kwargs):
+        kept = os.environ.get("TRITON_CACHE_DIR")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            moved = os.environ.get("TRITON_CACHE_DIR")
+            if moved != kept:  # back as it was: set to the same folder, or unset (Triton's default folder)
+                if kept is None:
+                    os.environ.pop("TRITON_CACHE_DIR", None)
+                else:
+                    os.environ["TRITON_CACHE_DIR"] = kept
+                log.info("jit_ahead keeps Triton's cache in %s (vLLM's %s would move it to %s, away from the "
+                         "builds made so far)", kept or "Triton's default folder", type(self).__name__, moved)
+
+    setattr(initialize_cache, _MARK, True)
+    adaptor.initialize_cache = initialize_cache
