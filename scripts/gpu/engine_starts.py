@@ -292,8 +292,8 @@ class ServingWatch:
 
 
 def _profile_top(profiler, count: int = 30) -> list[str]:
-    """The calls with the most cumulative time from the arm's start to the built model (on Python 3.12
-    cProfile sees every thread, so the records replay thread's calls are among them)."""
+    """The calls with the most cumulative time while ``profiler`` ran (the arm's start to the built model,
+    or its serving); on Python 3.12 cProfile sees every thread, the records replay thread's among them."""
     import io
     import pstats
 
@@ -360,6 +360,12 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     t_tuned = time.perf_counter() - T0
     counter.phase = tuning.phase = host.phase = "serving"
     watch = ServingWatch()
+    serving_profiler = None
+    if os.environ.get("ENGINE_STARTS_PROFILE_SERVING") == "1":  # where the serving time goes, per call
+        import cProfile
+
+        serving_profiler = cProfile.Profile()
+        serving_profiler.enable()
     watch.start()
     latencies, shapes = [], request_mix(SETS[set_name], seed)
     for i, (batch, prompt, new_tokens, padded) in enumerate(shapes):
@@ -370,6 +376,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         latencies.append(time.perf_counter() - t0)
     t_end = time.perf_counter() - T0
     serving_watch = watch.stop()
+    serving_profile = _profile_top(serving_profiler) if serving_profiler is not None else None
     worst = max(range(len(latencies)), key=latencies.__getitem__)
     result = {"model": model_name, "set": set_name, "arm": arm, "seed": seed, "started_s": round(t_started, 2),
               "cuda_ready_s": round(t_cuda, 2), "model_built_s": round(t_model, 2),
@@ -388,6 +395,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     result["request_s"] = [round(t, 4) for t in latencies]
     if profile_top is not None:
         result["start_profile"] = profile_top
+    if serving_profile is not None:
+        result["serving_profile"] = serving_profile
     if session is not None and arm != "busy-jit":  # what was still building when the mix was served
         result["builds_pending_at_end"] = session.triton.table.pending()
     if arm == "busy-jit":  # was the background work still going when serving ended?
@@ -618,6 +627,8 @@ def main() -> int:
                              "jit arms ready at WARMUP (see above)")
     parser.add_argument("--profile-start", action="store_true",
                         help="profile each arm's main thread up to the built model (start_profile in the json)")
+    parser.add_argument("--profile-serving", action="store_true",
+                        help="profile each arm's serving of the request mix (serving_profile in the json)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--report", metavar="JSON", help="print the markdown of a saved engine_starts.json")
     args = parser.parse_args()
@@ -672,6 +683,8 @@ def main() -> int:
                                JIT_AHEAD_TUNING_DIR=os.path.join(scratch, "tuning"))  # never the machine's own
                     if args.profile_start:
                         env["ENGINE_STARTS_PROFILE"] = "1"
+                    if args.profile_serving:
+                        env["ENGINE_STARTS_PROFILE_SERVING"] = "1"
                     if arm.endswith("-norecords"):  # the same arm with recording and replay off
                         env.pop("JIT_AHEAD_RECORD_DIR")
                     if arm.startswith(("jit-cold-", "plain-cold-")):  # another cold arm: cold folders of its own
