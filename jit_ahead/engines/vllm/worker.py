@@ -2,7 +2,9 @@
 
 Hooks (vLLM 0.25.x; another version gets one line and no hook, and records of earlier starts still replay):
 - the model is built (``initialize_model`` in the model loader, before its weights load): the session
-  starts there, with the worker's limits, so that replayed builds run while the weights load;
+  starts there, so that replayed builds run while the weights load, and says the worker's limits. vLLM's
+  own model classes are not planned yet: what a start compiles is built ahead at the next one only where
+  records are kept (``JIT_AHEAD_RECORD_DIR``);
 - ``Worker.compile_or_warm_up_model``, before: the session is waited on as ``JIT_AHEAD_READY`` says
   (at most ``JIT_AHEAD_VLLM_READY_TIMEOUT_S``, default 300 s: vLLM's engine waits 600 s for all of its
   start), so vLLM's dummy runs, kernel warmups and CUDA-graph capture find the builds on disk;
