@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""vLLM 0.25 starts with and without ``JIT_AHEAD=1``, cold and warm (issue 36): what compiles after ready.
+
+Each arm is a fresh process running ``vllm.LLM`` in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so
+that one listener sees every Triton compile of the worker) on a small random-weight model saved to a
+local folder (``load_format="dummy"``), with the Triton attention backend, at the limits given
+(``max_num_batched_tokens``, ``max_num_seqs``, ``max_model_len``), then a mix of REQUESTS prompts of
+random token ids drawn across the limits with a new seed per run (prompt lengths 1 up to what the
+limits allow, 1-16 new tokens, submitted together so that vLLM batches and chunks them as it serves).
+Arms: plain-cold (empty Triton cache), jit-cold (empty cache, plans and records), jit-warm and
+plain-warm (the cache jit-cold left). Reported per arm: seconds to ``LLM`` returned (ready), Triton
+compiles during the start and after ready (those missing the disk cache, and those loaded from it),
+the kernels compiled after ready, the mix's wall seconds, and with ``--monitor error`` whether vLLM's JIT
+monitor raised. Writes vllm_starts.json / .md to --out.
+
+    python scripts/gpu/vllm_starts.py --out $OUT/vllm [--model qwen3] [--tokens 8192] [--seqs 256] [--len 32768]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+REQUESTS = 64
+MODELS = {
+    # a dense Qwen3-style model and a MoE one, small, in bf16; weights are vLLM's dummy ones
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, intermediate_size=3072,
+                  num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64),
+    "qwen3-moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=1024,
+                      intermediate_size=3072, moe_intermediate_size=512, num_experts=16, num_experts_per_tok=4,
+                      num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                      decoder_sparse_step=1, norm_topk_prob=True),
+}
+
+
+def write_model(folder: str, name: str, max_len: int) -> str:
+    path = os.path.join(folder, name)
+    os.makedirs(path, exist_ok=True)
+    config = dict(MODELS[name], vocab_size=32000, max_position_embeddings=max_len, rms_norm_eps=1e-6,
+                  rope_theta=1000000.0, torch_dtype="bfloat16", tie_word_embeddings=False, bos_token_id=1,
+                  eos_token_id=2)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monitor: str | None) -> dict:
+    t0 = time.perf_counter()
+    from triton import knobs
+
+    events = {"start": [], "serving": []}
+    phase = ["start"]
+    previous = knobs.compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit, **kwargs):
+        events[phase[0]].append((getattr(src, "name", str(src)), bool(cache_hit)))
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
+                     **kwargs)
+
+    knobs.compilation.listener = listener
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(model=model_path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+                  max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len, attention_backend="TRITON_ATTN",
+                  gpu_memory_utilization=0.85, seed=0)
+    if monitor:
+        kwargs["jit_monitor_mode"] = monitor
+    llm = LLM(**kwargs)
+    ready = time.perf_counter() - t0
+    phase[0] = "serving"
+    rng = random.Random(seed)
+    prompts, params = [], []
+    for _ in range(REQUESTS):
+        length = rng.randint(1, min(max_len - 16, tokens))
+        prompts.append({"prompt_token_ids": [rng.randrange(3, 32000) for _ in range(length)]})
+        params.append(SamplingParams(max_tokens=rng.randint(1, 16), ignore_eos=True, temperature=0.0))
+    t1 = time.perf_counter()
+    error = None
+    try:
+        llm.generate(prompts, params, use_tqdm=False)
+    except RuntimeError as exc:  # vLLM's JIT monitor in error mode
+        error = str(exc)[:500]
+    serving = time.perf_counter() - t1
+    after = events["serving"]
+    return {"ready_s": round(ready, 2), "serving_s": round(serving, 2), "monitor_error": error,
+            "start_compiles": sum(not hit for _, hit in events["start"]),
+            "start_loads": sum(hit for _, hit in events["start"]),
+            "serving_compiles": sum(not hit for _, hit in after), "serving_loads": sum(hit for _, hit in after),
+            "serving_kernels": sorted({name for name, _ in after})}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--model", default="qwen3", choices=sorted(MODELS))
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--seqs", type=int, default=256)
+    parser.add_argument("--len", dest="max_len", type=int, default=32768)
+    parser.add_argument("--arms", default="plain-cold,jit-cold,jit-warm,plain-warm")
+    parser.add_argument("--monitor", choices=("warn", "error"), default=None)
+    parser.add_argument("--arm-timeout", type=float, default=400)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        path, seed = args.child
+        print("ARM " + json.dumps(arm(path, args.tokens, args.seqs, args.max_len, int(seed), args.monitor)), flush=True)
+        return 0
+    seed = random.randrange(2**31)
+    print(f"request seed {seed}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        model_path = write_model(scratch, args.model, args.max_len)
+        folders = {n: os.path.join(scratch, n) for n in ("cache", "cold", "plans", "records", "tuning")}
+        for name in args.arms.split(","):
+            env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
+                       TRITON_CACHE_DIR=folders["cold" if name == "plain-cold" else "cache"],
+                       VLLM_CACHE_ROOT=os.path.join(scratch, "vllm-" + name.split("-")[1]))
+            env.pop("JIT_AHEAD", None)
+            if name.startswith("jit"):
+                env.update(JIT_AHEAD="1", JIT_AHEAD_PLAN_DIR=folders["plans"], JIT_AHEAD_RECORD_DIR=folders["records"],
+                           JIT_AHEAD_TUNING_DIR=folders["tuning"])
+            cmd = [sys.executable, __file__, "--child", model_path, str(seed), "--tokens", str(args.tokens), "--seqs",
+                   str(args.seqs), "--len", str(args.max_len)] + (["--monitor", args.monitor] if args.monitor else [])
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.arm_timeout)
+                line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
+                result = json.loads(line[4:]) if line else {"error": proc.stderr[-3000:]}
+            except subprocess.TimeoutExpired:
+                result = {"error": "timed out"}
+            result.update(arm=name, process_s=round(time.perf_counter() - t0, 2))
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seed": seed,
+              "model": args.model, "config": MODELS[args.model], "limits": [args.tokens, args.seqs, args.max_len],
+              "requests": REQUESTS, "command": " ".join(sys.argv), "results": results}
+    lines = [f"# vLLM starts, {args.model}, limits {args.tokens} tokens, {args.seqs} sequences, length {args.max_len}", "",
+             f"`{report['command']}`; seed {seed}; {report['date']}", "",
+             "| arm | process s | ready s | serving s | compiles start / after ready | loads start / after ready | "
+             "monitor error | kernels compiled or loaded after ready |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['arm']} | {r['process_s']} | error: {r['error'][-200:]!r} |||||")
+            continue
+        lines.append(f"| {r['arm']} | {r['process_s']} | {r['ready_s']} | {r['serving_s']} | {r['start_compiles']} / "
+                     f"{r['serving_compiles']} | {r['start_loads']} / {r['serving_loads']} | {bool(r['monitor_error'])} | "
+                     f"{', '.join(r['serving_kernels'][:12])} |")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "vllm_starts.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        with open(os.path.join(args.out, "vllm_starts.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
