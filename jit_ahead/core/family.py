@@ -90,6 +90,10 @@ class Family(Protocol):
     def tune_ahead(self, budget_bytes: int | None = None) -> dict:
         """Before serving, on the GPU: what would otherwise benchmark while serving."""
 
+    def load_into_memory(self) -> dict:
+        """Before serving: every variant planned or replayed so far that is built, into the DSL's in-memory
+        cache of this process, so that its first launch is an in-memory hit; counts by outcome."""
+
     def plan_header(self) -> dict:
         """What the family's saved entries depend on besides themselves (a saved plan is keyed by it)."""
 
@@ -219,6 +223,11 @@ class FamilyBase(ABC):
 
     def tune_ahead(self, budget_bytes: int | None = None) -> dict:
         """Nothing to tune ahead."""
+        return {}
+
+    def load_into_memory(self) -> dict:
+        """Nothing loaded ahead: the family's hook brings each build in at its call (the CuTe DSL's
+        ``cute.compile``, DeepGEMM's and TileLang's loaders), which is where an engine's watcher sees it."""
         return {}
 
     @abstractmethod

@@ -202,6 +202,28 @@ class Session:
                 done[name] = summary
         return done
 
+    def load_into_memory(self) -> dict:
+        """Bring every variant planned or replayed so far that is built into this process's in-memory DSL
+        caches (each family's ``load_into_memory``), so that none loads from disk while serving: what an
+        engine that counts in-memory misses after warmup as compiles needs (vLLM's JIT monitor). A variant
+        not built yet is left to its first launch, which waits for its build. One log line; never raises."""
+        started = time.perf_counter()
+        done = {}
+        for name, family in self.families.items():
+            try:
+                summary = family.load_into_memory()
+            except Exception:  # loading ahead must never stop a start
+                log.exception("jit_ahead: loading %s's variants into memory failed; each loads at its first launch",
+                              name)
+                continue
+            if summary:
+                done[name] = summary
+        if done:
+            log.info("jit_ahead: variants loaded into memory ahead in %.2f s: %s", time.perf_counter() - started,
+                     "; ".join(f"{name} " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in summary.items() if v)
+                               for name, summary in done.items()))
+        return done
+
     def mark_serving(self, tune_ahead: bool = True) -> None:
         """The engine finished warmup: from here on, a compile on the executor is a miss to report, and
         helpers exit once their queue is empty. Before that, in the calling thread, with ``tune_ahead`` and

@@ -68,6 +68,8 @@ class TritonFamily(FamilyBase):
         self._closing = False
         self._key_timer: threading.Timer | None = None
         self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
+        self._submitted: dict[str, TritonCompileRequest] = {}  # every planned or recorded variant, by hash
+        self._submitted_lock = threading.Lock()
 
     @property
     def device_view(self) -> device_view.DeviceView:
@@ -216,12 +218,23 @@ class TritonFamily(FamilyBase):
             self.executor.note_autotune_groups(requests.autotune_groups)
             requests = requests.requests
         requests = list(requests)
+        with self._submitted_lock:
+            self._submitted.update((r.predicted_hash, r) for r in requests)
         self.executor.note_planned(requests, source)
         # records are replayed beside the server's start (imports, model build): a pass that reads no file
         # contents, since the launch checks each entry in full anyway
         missing = [r for r in requests if self._needs_build(r, thorough=source != "record")]
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
+
+    def load_into_memory(self) -> dict:
+        """Every variant planned or replayed so far and on disk, into this process's in-memory caches
+        (``load.py``)."""
+        from .load import load_into_memory
+
+        with self._submitted_lock:
+            requests = list(self._submitted.values())
+        return load_into_memory(requests).fields()
 
     def _needs_build(self, request: TritonCompileRequest, thorough: bool = True) -> bool:
         """Not on disk, or damaged there: a damaged entry is removed by the executor's rule (rebuilt once),

@@ -8,8 +8,10 @@ Hooks (vLLM 0.25.x; another version gets one line and no hook, and records of ea
 - ``Worker.compile_or_warm_up_model``, before: the session is waited on as ``JIT_AHEAD_READY`` says
   (at most ``JIT_AHEAD_VLLM_READY_TIMEOUT_S``, default 300 s: vLLM's engine waits 600 s for all of its
   start), so vLLM's dummy runs, kernel warmups and CUDA-graph capture find the builds on disk;
-- ``vllm.utils.jit_monitor.activate`` (the end of warmup), before: the session marks serving (its
-  tune-ahead runs there), so what it does is warmup to vLLM's JIT monitor, not a miss;
+- ``vllm.utils.jit_monitor.activate`` (the end of warmup), before: every planned or replayed variant that
+  is built goes into Triton's in-memory caches (the monitor fires on every in-memory miss, a load from
+  disk included), then the session marks serving (its tune-ahead runs there), so what both do is warmup
+  to vLLM's JIT monitor, not a miss;
 - vLLM's Inductor adaptors point ``TRITON_CACHE_DIR`` at a folder of the compiled model's own at the first
   ``torch.compile`` (after the profile run, when helpers have built into the folder set at start): with
   jit_ahead on, the folder set at start is kept, so the helpers' builds and vLLM's kernels share one cache.
@@ -128,6 +130,7 @@ def _before_warmup(worker, *args, **kwargs) -> None:
 def _before_monitor(*args, **kwargs) -> None:
     session = _session()
     if session is not None:
+        session.load_into_memory()  # the monitor counts a load from disk as a compile
         session.mark_serving()
 
 
