@@ -1,7 +1,8 @@
 """Variants into this process's in-memory caches before serving: each planned or recorded variant that is on
 disk goes through Triton's own ``JITFunction.preload``, so that its first launch while serving is an
-in-memory hit. Engines that watch for compiles after warmup count a load from disk as one (vLLM's JIT
-monitor fires on every in-memory miss; SGLang's watcher on every module load)."""
+in-memory hit: vLLM's JIT monitor counts every in-memory miss after warmup, a load from disk included, as a
+compile. The binary still goes onto the GPU at its first launch, as Triton does for every kernel (an engine
+that watches those loads, as SGLang's watcher does, needs more than this)."""
 from __future__ import annotations
 
 import logging
