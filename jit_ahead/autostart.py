@@ -120,13 +120,23 @@ def _after_trigger() -> None:
         from . import registry
 
         infos = [info for info in map(registry.family_info, registry.requested(os.environ)) if info is not None]
-        if not infos or os.environ.get("JIT_AHEAD_RECORD_DIR", "").strip() or not all(i.first_use for i in infos):
+        can_wait = bool(infos) and all(i.first_use for i in infos)
+        if can_wait and _jit_ahead_importing():
+            _defer(infos)  # a jit_ahead module imported the trigger: the session would import it half-made
+        elif not can_wait or os.environ.get("JIT_AHEAD_RECORD_DIR", "").strip():
             start_session()  # records to replay as soon as possible, or a family that cannot wait
         else:
             _defer(infos)
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not put off the session ({type(exc).__name__}: {exc}); starting it now\n")
         start_session()
+
+
+def _jit_ahead_importing() -> bool:
+    """A module of jit_ahead's own is still being imported (it imported the trigger: a script that imports
+    ``jit_ahead.triton.standin`` before Triton)."""
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for name, module in list(sys.modules.items()) if name.startswith("jit_ahead."))
 
 
 def _defer(infos) -> None:

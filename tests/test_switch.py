@@ -253,3 +253,17 @@ def test_where_the_first_compile_cannot_be_arranged_the_session_starts_at_once_a
     lines = out.stderr.splitlines()
     assert any("could not put off the session" in line and "no_such_module" in line for line in lines), lines
     assert len([line for line in lines if "jit_ahead on (JIT_AHEAD=1): triton" in line]) == 1, lines
+
+
+def test_a_jit_ahead_module_that_imports_triton_first_still_gets_the_triton_family(tmp_path):
+    # Before: with a record folder the session started inside that import, whose module was half-made when
+    # the Triton family imported it again; the session ran with no family ("not available", one error line).
+    code = ("from jit_ahead.triton.standin import ensure_driver; ensure_driver(); import jit_ahead, json; "
+            "s = jit_ahead.current(); print(json.dumps(sorted(s.families)))")
+    env = dict(JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_RECORD_DIR=str(tmp_path / "records"),
+               TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).parent.parent), env={**without_jit_ahead(os.environ), **env})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["triton"]
+    assert "not available" not in out.stderr
