@@ -67,9 +67,9 @@ def test_a_variant_whose_kernel_cannot_be_imported_is_one_line_and_the_rest_load
     from dataclasses import replace
 
     session, net, run = planned_and_built(session_factory)
-    family = session.triton
-    (one, *rest) = list(family._submitted.values())
-    family._submitted[one.predicted_hash] = replace(one, module="tests.no_such_module")
+    executor = session.triton.executor
+    (one, *rest) = executor.planned_requests()
+    executor._planned[one.predicted_hash] = replace(one, module="tests.no_such_module")
     done = session.load_into_memory()["triton"]
     assert done["failed"] == 1 and done["loaded"] == len(rest)
     said = [r for r in caplog.records if "could not be loaded into memory ahead" in r.getMessage()]

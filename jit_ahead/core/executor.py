@@ -71,7 +71,7 @@ class ExecutorBase(ABC):
         self.wait_timeout = wait_timeout
         self.guard = guard
         self._lock = threading.Lock()
-        self._planned_keys: set[str] = set()
+        self._planned: dict[str, Any] = {}  # key -> the planned (or recorded) request
         self.recorder: Callable[[Any], None] | None = None  # each variant the server meets (records)
         # what the guard says of planning: set by the session (True once every planning run finished)
         self.planning_finished: Callable[[], bool] = lambda: True
@@ -89,9 +89,9 @@ class ExecutorBase(ABC):
     def _take_new(self, request: Any) -> bool:
         """Note ``request`` as planned; True if it was not (called with the lock held)."""
         key = self.key_of(request)
-        if key in self._planned_keys:
+        if key in self._planned:
             return False
-        self._planned_keys.add(key)
+        self._planned[key] = request
         return True
 
     def _variant_fields(self, request: Any) -> dict:
@@ -109,7 +109,12 @@ class ExecutorBase(ABC):
 
     def is_planned(self, key: str) -> bool:
         with self._lock:
-            return key in self._planned_keys
+            return key in self._planned
+
+    def planned_requests(self) -> list:
+        """Every request noted as planned or recorded so far."""
+        with self._lock:
+            return list(self._planned.values())
 
     def building_ahead(self, key: str):
         """Its ticket when a helper is building it or it is queued (planned, not built yet), else None."""

@@ -191,12 +191,18 @@ class Session:
         ``jit_ahead/triton/tune_ahead.py``). ``budget_bytes``: the most GPU memory one key's inputs may take
         (default ``JIT_AHEAD_TUNE_AHEAD_MEMORY_MB``, else a sixteenth of free memory). Returns what each
         family tuned and left, by reason. Never raises for a kernel: what fails is left to its first launch."""
+        return self._each_family(lambda family: family.tune_ahead(budget_bytes),
+                                 "tune-ahead of %s failed; its autotuners tune at their first launch")
+
+    def _each_family(self, step, failed: str) -> dict:
+        """``step(family)`` for every family, by name, those that said something; a family whose step raises
+        is logged (``failed`` % its name) and the others go on: these steps must never stop a start."""
         done = {}
         for name, family in self.families.items():
             try:
-                summary = family.tune_ahead(budget_bytes)
-            except Exception:  # tune-ahead must never stop a start
-                log.exception("jit_ahead: tune-ahead of %s failed; its autotuners tune at their first launch", name)
+                summary = step(family)
+            except Exception:
+                log.exception("jit_ahead: " + failed, name)
                 continue
             if summary:
                 done[name] = summary
@@ -208,16 +214,8 @@ class Session:
         engine that counts in-memory misses after warmup as compiles needs (vLLM's JIT monitor). A variant
         not built yet is left to its first launch, which waits for its build. One log line; never raises."""
         started = time.perf_counter()
-        done = {}
-        for name, family in self.families.items():
-            try:
-                summary = family.load_into_memory()
-            except Exception:  # loading ahead must never stop a start
-                log.exception("jit_ahead: loading %s's variants into memory failed; each loads at its first launch",
-                              name)
-                continue
-            if summary:
-                done[name] = summary
+        done = self._each_family(lambda family: family.load_into_memory(),
+                                 "loading %s's variants into memory failed; each loads at its first launch")
         if done:
             log.info("jit_ahead: variants loaded into memory ahead in %.2f s: %s", time.perf_counter() - started,
                      "; ".join(f"{name} " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in summary.items() if v)

@@ -48,7 +48,7 @@ class TritonExecutor(ExecutorBase):
     def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, wait_timeout: float,
                  guard: str = "warn") -> None:
         super().__init__(pool, table, stats, wait_timeout, guard)
-        self._planned: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
+        self._specializations: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
         self._damaged: set[str] = set()  # variants whose cache entry was found damaged (and removed)
         # variant -> the autotuned launches (their variants, in config order) it was planned in
         self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
@@ -59,11 +59,11 @@ class TritonExecutor(ExecutorBase):
 
     def _take_new(self, request) -> bool:
         # one variant per specialization of a kernel: what ``explain`` compares an unplanned one against
-        variants = self._planned[kernel_of(request)]
+        variants = self._specializations[kernel_of(request)]
         if request.specialization_data in variants:
             return False
         variants[request.specialization_data] = None
-        self._planned_keys.add(request.predicted_hash)
+        self._planned[request.predicted_hash] = request
         return True
 
     def _variant_fields(self, request) -> dict:
@@ -72,7 +72,7 @@ class TritonExecutor(ExecutorBase):
     def explain(self, request) -> str:
         """How an unplanned variant differs from the nearest planned variant of its kernel."""
         with self._lock:
-            planned = list(self._planned.get(kernel_of(request), ()))
+            planned = list(self._specializations.get(kernel_of(request), ()))
         if not planned:
             return "no variant of this kernel was planned"
         try:

@@ -68,8 +68,6 @@ class TritonFamily(FamilyBase):
         self._closing = False
         self._key_timer: threading.Timer | None = None
         self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
-        self._submitted: dict[str, TritonCompileRequest] = {}  # every planned or recorded variant, by hash
-        self._submitted_lock = threading.Lock()
 
     @property
     def device_view(self) -> device_view.DeviceView:
@@ -218,8 +216,6 @@ class TritonFamily(FamilyBase):
             self.executor.note_autotune_groups(requests.autotune_groups)
             requests = requests.requests
         requests = list(requests)
-        with self._submitted_lock:
-            self._submitted.update((r.predicted_hash, r) for r in requests)
         self.executor.note_planned(requests, source)
         # records are replayed beside the server's start (imports, model build): a pass that reads no file
         # contents, since the launch checks each entry in full anyway
@@ -232,9 +228,7 @@ class TritonFamily(FamilyBase):
         (``load.py``)."""
         from .load import load_into_memory
 
-        with self._submitted_lock:
-            requests = list(self._submitted.values())
-        return load_into_memory(requests).fields()
+        return load_into_memory(self.executor.planned_requests()).fields()
 
     def _needs_build(self, request: TritonCompileRequest, thorough: bool = True) -> bool:
         """Not on disk, or damaged there: a damaged entry is removed by the executor's rule (rebuilt once),

@@ -33,7 +33,7 @@ def load_into_memory(requests: Iterable[TritonCompileRequest]) -> Loaded:
     here = target_tuple(driver.active.get_current_target())
     device = driver.active.get_current_device()
     counts = dict.fromkeys(Loaded.__dataclass_fields__, 0)
-    failed_kernels: dict[str, str] = {}
+    first_failure = None  # (label, why) of the first variant that could not be loaded
     for request in requests:
         if tuple(request.target) != here:
             counts["other_target"] += 1
@@ -50,9 +50,9 @@ def load_into_memory(requests: Iterable[TritonCompileRequest]) -> Loaded:
             counts["loaded"] += 1
         except Exception as exc:  # noqa: BLE001 - one variant's load never stops the rest or the server
             counts["failed"] += 1
-            failed_kernels.setdefault(request.label, f"{type(exc).__name__}: {exc}")
-    if failed_kernels:
-        label, why = next(iter(failed_kernels.items()))
+            first_failure = first_failure or (request.label, f"{type(exc).__name__}: {exc}")
+    if first_failure is not None:
+        label, why = first_failure
         log.warning("%d variants could not be loaded into memory ahead (the first: %s, %s); each loads at its "
                     "first launch instead", counts["failed"], label, why)
     return Loaded(**counts)

@@ -20,7 +20,6 @@ exit, medians and ratios. Writes warm_start.json and warm_start.md to --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -32,6 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from build_throughput import versions  # noqa: E402
 REQUESTS = 24
 LIMITS = dict(max_num_tokens=16384, max_batch_size=64, max_seq_len=8192, cuda_graph_batch_sizes=(1, 2, 4, 8, 16))
 PHASES = ("imports", "session", "model", "ready", "warmup", "serving_mark", "serving", "exit")
@@ -140,9 +141,10 @@ def main() -> int:
     pair_ratios = [j["process_s"] / p["process_s"] for j, p in
                    ((next(r for r in by_arm["jit"] if r["round"] == i), next(r for r in by_arm["plain"] if r["round"] == i))
                     for i in range(args.rounds))]
+    info = versions()
     lines = [f"# Warm start on this machine, with / without jit_ahead ({args.model})", "",
              f"`{' '.join(sys.argv)}`; seed {seed}; {args.rounds} rounds, arms shuffled per round; "
-             f"python {sys.version.split()[0]}; {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}", "",
+             + ", ".join(f"{k} {v}" for k, v in info.items()), "",
              f"Cold start with jit_ahead (once, to fill the cache): {cold['process_s']:.1f} s, {cold.get('variants')} variants.", "",
              "| phase | plain median s | jit median s | jit - plain s |", "|---|---|---|---|"]
     for p in PHASES + ("process",):
@@ -151,8 +153,8 @@ def main() -> int:
               f"(rounds: {', '.join(f'{x:.3f}' for x in pair_ratios)})"]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "warm_start.json"), "w") as f:
-        json.dump({"seed": seed, "model": args.model, "limits": LIMITS, "requests": REQUESTS, "cold": cold,
-                   "results": results}, f, indent=1)
+        json.dump({"seed": seed, "model": args.model, "limits": LIMITS, "requests": REQUESTS, "versions": info,
+                   "cold": cold, "results": results}, f, indent=1)
     with open(os.path.join(args.out, "warm_start.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

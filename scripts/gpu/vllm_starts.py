@@ -27,6 +27,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serving_loop import versions  # noqa: E402
+
 REQUESTS = 64
 MODELS = {
     # a dense Qwen3-style model and a MoE one, small, in bf16; weights are vLLM's dummy ones
@@ -138,11 +141,15 @@ def main() -> int:
             result.update(arm=name, process_s=round(time.perf_counter() - t0, 2))
             results.append(result)
             print(json.dumps(result), flush=True)
+    from importlib.metadata import version
+
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seed": seed,
+              "versions": {**versions(), "vllm": version("vllm")},
               "model": args.model, "config": MODELS[args.model], "limits": [args.tokens, args.seqs, args.max_len],
               "requests": REQUESTS, "command": " ".join(sys.argv), "results": results}
     lines = [f"# vLLM starts, {args.model}, limits {args.tokens} tokens, {args.seqs} sequences, length {args.max_len}", "",
-             f"`{report['command']}`; seed {seed}; {report['date']}", "",
+             f"`{report['command']}`; seed {seed}; {report['date']}; "
+             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
              "| arm | process s | ready s | serving s | compiles start / after ready | loads start / after ready | "
              "monitor error | kernels compiled or loaded after ready |", "|---|---|---|---|---|---|---|---|"]
     for r in results:

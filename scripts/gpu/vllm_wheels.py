@@ -85,14 +85,13 @@ def vllm_requirements(wheel: Path, skip: set[str]) -> list[str]:
     for line in meta.get_all("Requires-Dist") or []:
         req = Requirement(line)
         if norm(req.name) not in skip and (req.marker is None or req.marker.evaluate(TARGET)):
-            found.append(str(Requirement(f"{req.name}{'[' + ','.join(sorted(req.extras)) + ']' if req.extras else ''}"
-                                         f"{req.specifier}")))
+            req.marker = None  # evaluated here, for the GPU machine
+            found.append(str(req))
     return found
 
 
-def strip_flash_attn(wheel: Path) -> Path:
-    """vLLM's wheel without vllm/vllm_flash_attn/ (and its RECORD lines)."""
-    out = wheel.with_name(wheel.name)  # same name, rewritten in place through a temporary file
+def strip_flash_attn(wheel: Path) -> None:
+    """vLLM's wheel, rewritten in place without vllm/vllm_flash_attn/ (and its RECORD lines)."""
     with tempfile.NamedTemporaryFile(dir=wheel.parent, delete=False) as tmp:
         with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
             for item in src.infolist():
@@ -103,8 +102,7 @@ def strip_flash_attn(wheel: Path) -> Path:
                     data = "".join(l for l in data.decode().splitlines(True)
                                    if not l.startswith("vllm/vllm_flash_attn/")).encode()
                 dst.writestr(item, data)
-    os.replace(tmp.name, out)
-    return out
+    os.replace(tmp.name, wheel)
 
 
 def main() -> int:

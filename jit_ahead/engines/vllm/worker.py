@@ -53,36 +53,47 @@ def install() -> bool:
     from vllm.utils import jit_monitor
     from vllm.v1.worker import gpu_worker
 
-    _wrap(base_loader, "initialize_model", _after_model_built)
-    _wrap(gpu_worker.Worker, "compile_or_warm_up_model", _before_warmup)
-    _wrap(jit_monitor, "activate", _before_monitor)
+    _hook(base_loader, "initialize_model", _after(_after_model_built))
+    _hook(gpu_worker.Worker, "compile_or_warm_up_model", _before(_before_warmup))
+    _hook(jit_monitor, "activate", _before(_before_monitor))
     for adaptor in ("InductorAdaptor", "InductorStandaloneAdaptor"):
         cls = getattr(compiler_interface, adaptor, None)
         if cls is not None:
-            _keep_triton_cache(cls)
+            _hook(cls, "initialize_cache", _keeping_triton_cache)
     log.debug("jit_ahead hooked vLLM %s's worker", version)
     return True
 
 
-def _wrap(owner, name: str, before_or_after) -> None:
-    """``owner.name`` runs ``before_or_after`` around the original: called with the original's arguments
-    before it (``before_or_after.before``) or with its result after it; never twice on one attribute."""
+def _hook(owner, name: str, around) -> None:
+    """``owner.name`` becomes ``around(original)`` (marked, with the original's name and docstring); never
+    twice on one attribute."""
     original = getattr(owner, name)
     if getattr(original, _MARK, False):
         return
-    before = getattr(before_or_after, "before", False)
-
-    @functools.wraps(original)
-    def hooked(*args, **kwargs):
-        if before:
-            _guarded(before_or_after, *args, **kwargs)
-            return original(*args, **kwargs)
-        result = original(*args, **kwargs)
-        _guarded(before_or_after, result, *args, **kwargs)
-        return result
-
+    hooked = functools.wraps(original)(around(original))
     setattr(hooked, _MARK, True)
     setattr(owner, name, hooked)
+
+
+def _before(hook):
+    """Runs ``hook`` with the original's arguments, then the original."""
+    def around(original):
+        def hooked(*args, **kwargs):
+            _guarded(hook, *args, **kwargs)
+            return original(*args, **kwargs)
+        return hooked
+    return around
+
+
+def _after(hook):
+    """Runs the original, then ``hook`` with its result and the original's arguments."""
+    def around(original):
+        def hooked(*args, **kwargs):
+            result = original(*args, **kwargs)
+            _guarded(hook, result, *args, **kwargs)
+            return result
+        return hooked
+    return around
 
 
 def _guarded(hook, *args, **kwargs) -> None:
@@ -91,11 +102,6 @@ def _guarded(hook, *args, **kwargs) -> None:
     except Exception as exc:  # noqa: BLE001 - jit_ahead is an optimisation: vLLM goes on without this step
         log.warning("jit_ahead's %s hook failed (%s: %s); vLLM goes on without it", hook.__name__,
                     type(exc).__name__, exc)
-
-
-def _before(hook):
-    hook.before = True
-    return hook
 
 
 def _session():
@@ -115,7 +121,6 @@ def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
     log.info("jit_ahead: vLLM built %s; its worker serves within %s", type(model).__name__, limits)
 
 
-@_before
 def _before_warmup(worker, *args, **kwargs) -> None:
     session = _session()
     if session is None:
@@ -126,7 +131,6 @@ def _before_warmup(worker, *args, **kwargs) -> None:
                     "yet compiles where it is launched", READY_TIMEOUT_KNOB, timeout)
 
 
-@_before
 def _before_monitor(*args, **kwargs) -> None:
     session = _session()
     if session is not None:
@@ -134,25 +138,20 @@ def _before_monitor(*args, **kwargs) -> None:
         session.mark_serving()
 
 
-def _keep_triton_cache(adaptor) -> None:
-    original = adaptor.initialize_cache
-    if getattr(original, _MARK, False):
-        return
-
-    @functools.wraps(original)
+def _keeping_triton_cache(original):
+    """vLLM's ``initialize_cache``, with ``TRITON_CACHE_DIR`` put back as it was after it (set to the same
+    folder, or unset: Triton's default folder)."""
     def initialize_cache(self, *args, **kwargs):
         kept = os.environ.get("TRITON_CACHE_DIR")
         try:
             return original(self, *args, **kwargs)
         finally:
             moved = os.environ.get("TRITON_CACHE_DIR")
-            if moved != kept:  # back as it was: set to the same folder, or unset (Triton's default folder)
+            if moved != kept:
                 if kept is None:
                     os.environ.pop("TRITON_CACHE_DIR", None)
                 else:
                     os.environ["TRITON_CACHE_DIR"] = kept
                 log.info("jit_ahead keeps Triton's cache in %s (vLLM's %s would move it to %s, away from the "
                          "builds made so far)", kept or "Triton's default folder", type(self).__name__, moved)
-
-    setattr(initialize_cache, _MARK, True)
-    adaptor.initialize_cache = initialize_cache
+    return initialize_cache
