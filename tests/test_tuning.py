@@ -142,6 +142,45 @@ def test_tune_ahead_runs_the_autotuners_own_benchmark_on_builds_helpers_made(ses
     assert again.chosen_already == 1 and not again.tuned and len(k.BENCHMARKED) - before == 3
 
 
+def test_tune_ahead_times_each_config_over_its_own_window_and_leaves_the_autotuner_as_it_was(monkeypatch, caplog):
+    from jit_ahead.core import knobs
+    from jit_ahead.triton import standin
+    from jit_ahead.triton.tune_ahead import tune
+
+    n = 7309  # a tuning key no other test chose a config for
+    x = torch.empty(n, device="meta")
+    with capture() as plan_:
+        k.tuned_copy_kernel[lambda meta: (triton_cdiv(n, meta["BLOCK"]),)](x, torch.empty_like(x), n)
+    (task,) = plan_.tuning_tasks
+    autotuner = k.tuned_copy_kernel
+    cached_before = vars(autotuner).get("do_bench")
+    asked = len(standin.asked_windows)
+    result = tune([task], torch.device("meta"), budget_bytes=1 << 20, rep_ms=8)
+    assert [t.key for t in result.tuned] == [task.key]
+    # Triton's default benchmark timed each of the three configs over 8 ms after 2 of warmup, not 100 after 25
+    assert list(standin.asked_windows)[asked:] == [(2, 8)] * 3
+    assert vars(autotuner).get("do_bench") is cached_before  # the autotuner's own benchmark again afterwards
+    autotuner.do_bench(lambda: None, quantiles=(0.5,))
+    assert standin.asked_windows[-1] == (25, 100)
+
+    # an autotuner given a do_bench of its own keeps it
+    (own,) = planned_stored_tuning(7311).tuning_tasks
+    before, asked = len(k.BENCHMARKED), len(standin.asked_windows)
+    assert tune([own], torch.device("meta"), budget_bytes=1 << 20, rep_ms=8).tuned
+    assert len(k.BENCHMARKED) - before == 3 and len(standin.asked_windows) == asked
+
+    # the knob: its default, a value, and absurd ones, which log one line and keep the default
+    monkeypatch.delenv("JIT_AHEAD_TUNE_AHEAD_REP_MS", raising=False)
+    assert knobs.tune_ahead_rep_ms() == 20
+    monkeypatch.setenv("JIT_AHEAD_TUNE_AHEAD_REP_MS", "100")
+    assert knobs.tune_ahead_rep_ms() == 100
+    for bad in ("0", "1000000000", "fast"):
+        monkeypatch.setenv("JIT_AHEAD_TUNE_AHEAD_REP_MS", bad)
+        caplog.clear()
+        assert knobs.tune_ahead_rep_ms() == 20
+        assert any("JIT_AHEAD_TUNE_AHEAD_REP_MS" in r.getMessage() for r in caplog.records)
+
+
 def test_tune_ahead_names_what_it_leaves_and_why():
     import dataclasses
 

@@ -232,6 +232,16 @@ def tune_ahead_budget_bytes(free_bytes: int) -> int:
     return free_bytes // 16 if megabytes < 0 else megabytes << 20
 
 
+def tune_ahead_rep_ms() -> int:
+    """``JIT_AHEAD_TUNE_AHEAD_REP_MS`` (1-1000, default 20): how long, in milliseconds, tune-ahead times each
+    config of an autotuner that uses Triton's default benchmark (its warmup runs for a quarter of that).
+    Triton's own default is 100 ms of timed runs after 25 of warmup; tune-ahead benchmarks every key the
+    limits allow before ready, where a request would have benchmarked only the keys it met, so it times
+    each config over a shorter window. 100 gives Triton's window. An autotuner given its own ``do_bench``
+    keeps it."""
+    return env_int("JIT_AHEAD_TUNE_AHEAD_REP_MS", 20, minimum=1, maximum=1000)
+
+
 def engine_limits():
     """The limits the ``JIT_AHEAD=1`` path plans models within: ``JIT_AHEAD_MAX_NUM_TOKENS`` (default
     8192), ``JIT_AHEAD_MAX_BATCH_SIZE`` (16), ``JIT_AHEAD_MAX_SEQ_LEN`` (4096) and

@@ -165,7 +165,7 @@ class TritonFamily(FamilyBase):
         if budget_bytes is None:
             free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 1 << 30
             budget_bytes = core_knobs.tune_ahead_budget_bytes(free)
-        result = tune_ahead.tune(tasks, device, budget_bytes)
+        result = tune_ahead.tune(tasks, device, budget_bytes, core_knobs.tune_ahead_rep_ms())
         summary = result.summary()
         self.stats.emit(events.TuneAhead(**summary))
         for left in result.left:

@@ -8,6 +8,7 @@ code runs unchanged on meta tensors: planning captures its compile requests, and
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -89,10 +90,16 @@ class StandInDriver(DriverBase):
         return _launch_once
 
 
-def _launch_once(kernel_call, quantiles=None, **kwargs):
-    """The stand-in's benchmarker: runs the call once through the normal launch path and reports equal
-    times for every candidate. An autotuned launch then compiles (or loads) every config exactly as it
-    does on a GPU; the choice among them is meaningless without one, and so is any timing."""
+# (warmup, rep) in ms each benchmark was asked for, the latest last: the window an autotuner would time over
+asked_windows: collections.deque[tuple[int, int]] = collections.deque(maxlen=256)
+
+
+def _launch_once(kernel_call, warmup=25, rep=100, grad_to_none=None, quantiles=None, return_mode="mean"):
+    """The stand-in's benchmarker, called as Triton's ``do_bench``: runs the call once through the normal
+    launch path and reports equal times for every candidate. An autotuned launch then compiles (or loads)
+    every config exactly as it does on a GPU; the choice among them is meaningless without one, and so is
+    any timing."""
+    asked_windows.append((warmup, rep))
     kernel_call()
     return [1.0] * len(quantiles) if quantiles else 1.0
 

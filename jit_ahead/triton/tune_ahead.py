@@ -7,7 +7,8 @@ activations, the others zeros, or the values planning had for a host index tenso
 the key: prunes, runs its hooks, times every config with its own ``do_bench`` (the configs' variants are
 loaded from helpers' builds, or waited for, by the executor's hook), stores the choice where it stores
 them (``cache_results``; the records), and launches the chosen config once. Kernel selection stays the
-autotuner's own.
+autotuner's own; only the window Triton's default benchmark times each config over is shorter
+(``JIT_AHEAD_TUNE_AHEAD_REP_MS``): a start tunes every key the limits allow, not only those requests meet.
 
 A task whose autotuner holds a choice already is counted and skipped. A task is left to its first launch,
 and named with the reason, when its autotuner is not imported in the server, when its timings would read
@@ -17,7 +18,9 @@ next.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import inspect
 import logging
 import sys
 import time
@@ -85,6 +88,45 @@ def find_autotuner(task: TuningTask) -> Autotuner | None:
     return None
 
 
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def benchmark_window(autotuner: Autotuner, rep_ms: int):
+    """While tune-ahead runs ``autotuner``: Triton's default benchmark (the driver's ``do_bench``) times each
+    config for ``rep_ms`` after ``rep_ms / 4`` of warmup instead of its 100 and 25. Only an autotuner on
+    the default benchmark (no ``do_bench``, ``warmup``, ``rep`` or CUDA-graph option of its own) and a
+    benchmark that takes those two arguments; afterwards the autotuner is as it was."""
+    own = getattr(autotuner, "_do_bench", _UNSET)
+    benchmark = None
+    if own is None:  # Triton's default: the driver's benchmarker, looked up at the first benchmark
+        from triton.runtime import driver
+
+        try:
+            benchmark = driver.active.get_benchmarker()
+            parameters = inspect.signature(benchmark).parameters
+        except (TypeError, ValueError, AttributeError):
+            benchmark = None
+        else:
+            if not {"warmup", "rep"} <= parameters.keys():
+                benchmark = None
+    if benchmark is None:
+        yield
+        return
+    warmup_ms = max(1, rep_ms // 4)
+    state = vars(autotuner)  # ``do_bench`` is a cached_property: what it cached, if anything, is put back
+    cached = state.get("do_bench", _UNSET)
+    state["do_bench"] = lambda kernel_call, quantiles: benchmark(kernel_call, warmup=warmup_ms, rep=rep_ms,
+                                                                 quantiles=quantiles)
+    try:
+        yield
+    finally:
+        if cached is _UNSET:
+            state.pop("do_bench", None)
+        else:
+            state["do_bench"] = cached
+
+
 _DRAWN_IN_PLACE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -125,8 +167,9 @@ class _Grid:
         raise LookupError("a config planning did not see")
 
 
-def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int) -> TuneAheadResult:
-    """Run each task's autotuner on ``device``; what could not be tuned is in ``left`` with the reason."""
+def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int, rep_ms: int = 100) -> TuneAheadResult:
+    """Run each task's autotuner on ``device``, timing each config for ``rep_ms`` where it uses Triton's default
+    benchmark (``benchmark_window``); what could not be tuned is in ``left`` with the reason."""
     result = TuneAheadResult()
     start = time.perf_counter()
     seen: set[tuple] = set()
@@ -155,7 +198,8 @@ def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int) -
             kwargs = {k: _argument(v, device, generator) for k, v in task.kwargs}
             token = _ahead.set(True)
             try:
-                autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
+                with benchmark_window(autotuner, rep_ms):
+                    autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
             finally:
                 _ahead.reset(token)
             del args, kwargs

@@ -292,15 +292,22 @@ class ServingWatch:
 
 
 def _profile_top(profiler, count: int = 30) -> list[str]:
-    """The calls with the most cumulative time while ``profiler`` ran (the arm's start to the built model,
-    or its serving); on Python 3.12 cProfile sees every thread, the records replay thread's among them."""
-    import io
+    """The calls with the most cumulative time, then those with the most own time, while ``profiler`` ran
+    (the arm's start to the built model, or its serving); on Python 3.12 cProfile sees every thread, the
+    records replay thread's among them. One line per call, its name on one line whatever it holds."""
     import pstats
 
     profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(count)
-    return [line for line in text.getvalue().splitlines() if line.strip()][-count:]
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+
+    def line(where, row) -> str:
+        file, number, name = where
+        label = f"{file}:{number}({name})" if file != "~" else name
+        return f"{row[1]:>9} {row[2]:9.3f} {row[3]:9.3f} " + " ".join(label.split())[:240]
+
+    by = lambda column: sorted(stats.items(), key=lambda item: -item[1][column])[:count]  # noqa: E731
+    return (["calls, own s, cumulative s: by cumulative"] + [line(w, r) for w, r in by(3)]
+            + ["by own time"] + [line(w, r) for w, r in by(2)])
 
 
 def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
@@ -366,14 +373,25 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
 
         serving_profiler = cProfile.Profile()
         serving_profiler.enable()
+    memory0 = torch.cuda.memory_stats()
     watch.start()
-    latencies, shapes = [], request_mix(SETS[set_name], seed)
+    latencies, gpu_seconds, shapes = [], [], request_mix(SETS[set_name], seed)
     for i, (batch, prompt, new_tokens, padded) in enumerate(shapes):
         lengths = demo_models.prompt_lengths(batch, prompt, seed=seed + i) if padded else None
+        begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
+        begin.record()
         demo_models.serve(model, batch, prompt, new_tokens, device="cuda", seed=i, lengths=lengths)
+        finish.record()
         torch.cuda.synchronize()
         latencies.append(time.perf_counter() - t0)
+        gpu_seconds.append(begin.elapsed_time(finish) / 1000)  # the stream's span: kernels and the gaps between
+    memory1 = torch.cuda.memory_stats()
+    # cudaMalloc/cudaFree calls and allocator retries while serving: a caching allocator that has to go
+    # back to the driver makes requests slow on the CPU side
+    allocator = {k: memory1.get(k, 0) - memory0.get(k, 0)
+                 for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")}
+    allocator["reserved_at_start_gib"] = round(memory0.get("reserved_bytes.all.current", 0) / 2**30, 2)
     t_end = time.perf_counter() - T0
     serving_watch = watch.stop()
     serving_profile = _profile_top(serving_profiler) if serving_profiler is not None else None
@@ -393,6 +411,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     result["choices"] = autotune_choices()
     result["serving_watch"] = serving_watch
     result["request_s"] = [round(t, 4) for t in latencies]
+    result["request_gpu_s"] = [round(t, 4) for t in gpu_seconds]
+    result["serving_gpu_s"] = round(sum(gpu_seconds), 3)
+    result["serving_allocator"] = allocator
     if profile_top is not None:
         result["start_profile"] = profile_top
     if serving_profile is not None:
@@ -601,7 +622,9 @@ def report_lines(report: dict) -> list[str]:
             lines.append(f"- {r['model']} {r['set']} {r['arm']}: serving {r['serving_s']} s, main thread CPU "
                          f"{w['main_thread_cpu_s']} s; other threads {dict(list(others.items())[:4])}; children "
                          f"{w['children_at_start']} -> {w['children_at_end']}, CPU {round(sum(w['children_cpu_s'].values()), 2)} s "
-                         f"{dict(list(w['children_cpu_s'].items())[:3])}; gen-2 GC {w['gc_gen2_pauses']} x, {w['gc_gen2_s']} s")
+                         f"{dict(list(w['children_cpu_s'].items())[:3])}; gen-2 GC {w['gc_gen2_pauses']} x, {w['gc_gen2_s']} s"
+                         + (f"; GPU stream span {r['serving_gpu_s']} s, allocator {r['serving_allocator']}"
+                            if "serving_gpu_s" in r else ""))
     agreement = choice_agreement(report)
     if agreement:
         lines += ["", "Autotune choices, made ahead against made on the requests' data:", ""] + [f"- {l}" for l in agreement]
