@@ -181,6 +181,35 @@ def test_a_corrupt_plan_is_replanned_and_an_unsafe_folder_is_refused(tmp_path, m
         session.close()
 
 
+def test_a_plan_folder_where_the_lock_cannot_be_taken_still_gives_its_plan_and_plans_without_it(caplog):
+    # plans baked into a read-only image: the lock file cannot be made. Its place is taken by a folder here
+    # (the tests run as root, whom a mode does not stop), which refuses the lock as a read-only folder does
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        first = plan(session, model())
+        lock = session_store_lock(first)
+        if os.path.exists(lock):
+            os.remove(lock)
+        os.mkdir(lock)
+        CountingProvider.passes = 0
+        again = plan(session, model())
+        assert CountingProvider.passes == 0 and again.read_saved and again.variants == first.variants
+        assert not again.errors
+        assert [r for r in caplog.records if "cannot take the lock" in r.getMessage() and str(lock) in r.getMessage()]
+        os.remove(first.saved_plan)  # no plan there: this process plans, without the lock
+        fresh = plan(session, model())
+        assert CountingProvider.passes == 1 and fresh.variants == first.variants and not fresh.errors
+    finally:
+        session.close()
+
+
+def session_store_lock(run) -> str:
+    """The lock file next to a saved plan (``plan-<digest>.jsonl`` -> ``.plan-<digest>.lock``)."""
+    folder, name = os.path.split(run.saved_plan)
+    return os.path.join(folder, "." + name.rsplit(".", 1)[0] + ".lock")
+
+
 STOPPED_PLANNER = """
 import sys, time
 from jit_ahead.triton.standin import ensure_driver

@@ -400,6 +400,25 @@ def test_durations_no_wait_can_take_are_refused_with_one_line_and_the_default(mo
     assert len(lines) == 3 and all(repr(value) in line and "using the default" in line for line in lines), lines
 
 
+def test_a_count_written_other_than_in_plain_digits_is_refused_not_read_as_another_number(monkeypatch, caplog):
+    # Python's int() reads "1_000" as 1000 and Arabic-Indic digits as digits: a knob refuses both with its line
+    caplog.set_level(logging.ERROR, logger="jit_ahead")
+    monkeypatch.setattr(knobs, "usable_cpus", lambda: 4)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for raw in ("1_000", "\u0663", "0x10", "2.0"):
+        monkeypatch.setenv("JIT_AHEAD_PLANNERS", raw)
+        caplog.clear()
+        assert knobs.planner_count() == knobs.default_worker_count() == 3
+        assert [r.getMessage() for r in caplog.records if repr(raw) in r.getMessage()], raw
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", " +2 ")
+    assert knobs.planner_count() == 2
+    monkeypatch.setenv("JIT_AHEAD_WAIT_TIMEOUT_S", "1_0")
+    assert knobs.wait_timeout_s() == 120.0
+    for raw, seconds in (("2.5", 2.5), ("1e1", 10.0), (".5", 0.5)):
+        monkeypatch.setenv("JIT_AHEAD_WAIT_TIMEOUT_S", raw)
+        assert knobs.wait_timeout_s() == seconds
+
+
 def test_process_counts_beyond_the_cpus_are_capped_with_a_warning(monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     monkeypatch.setattr(knobs, "usable_cpus", lambda: 4)
@@ -409,8 +428,12 @@ def test_process_counts_beyond_the_cpus_are_capped_with_a_warning(monkeypatch, c
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", "64")
     assert knobs.worker_count("JIT_AHEAD_TRITON_WORKERS") == knobs.default_worker_count()  # beyond any bound
     assert knobs.serving_worker_count() == 4
-    assert knobs.planner_count() == 64  # planners live only while a plan is enumerated: not capped
+    assert knobs.planner_count() == 4  # each planner is a fork of the server: no more than the CPUs either
+    monkeypatch.setenv("JIT_AHEAD_SERVING_PLANNERS", "64")
+    assert knobs.serving_planner_count() == 4
     lines = [r.getMessage() for r in caplog.records]
+    assert any("JIT_AHEAD_PLANNERS=64 is more than the 4 CPUs" in m and "using 4" in m for m in lines), lines
+    assert any("JIT_AHEAD_SERVING_PLANNERS=64 is more than the 4 CPUs" in m for m in lines), lines
     assert any("JIT_AHEAD_TRITON_WORKERS='100000'" in m for m in lines)
     assert any("JIT_AHEAD_SERVING_WORKERS=64 is more than the 4 CPUs" in m and "using 4" in m for m in lines), lines
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # more ranks than CPUs: still one helper, not none

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 
 log = logging.getLogger("jit_ahead.knobs")
@@ -40,13 +41,28 @@ def _env_number(name: str, default, minimum, maximum, parse, kind: str, quiet: b
     return value
 
 
+def _plain_int(text: str) -> int:
+    """An integer written as plain ASCII digits with an optional sign: Python's ``int`` also takes ``1_000``
+    and other scripts' digits, which a shell user does not mean as a count."""
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise ValueError(text)
+    return int(text)
+
+
 def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 - 1, quiet: bool = False) -> int:
-    return _env_number(name, default, minimum, maximum, int, "an integer", quiet)
+    return _env_number(name, default, minimum, maximum, _plain_int, "an integer", quiet)
+
+
+def _plain_float(text: str) -> float:
+    """A decimal number in plain ASCII (``1.5``, ``2``, ``1e3``): as ``_plain_int``, not ``1_0``."""
+    if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", text):
+        raise ValueError(text)
+    return float(text)
 
 
 def env_seconds(name: str, default: float, *, minimum: float = 0.0) -> float:
     """A duration knob: finite, from ``minimum`` to a day."""
-    return _env_number(name, default, minimum, MAX_SECONDS, float, "a number")
+    return _env_number(name, default, minimum, MAX_SECONDS, _plain_float, "a number")
 
 
 def usable_cpus() -> int:
@@ -94,12 +110,13 @@ def worker_count(knob: str, quiet: bool = False) -> int:
     return helper_count(knob, default_worker_count(), minimum=0, quiet=quiet)
 
 
-def planner_count() -> int:
+def planner_count(quiet: bool = False) -> int:
     """JIT_AHEAD_PLANNERS: planner processes forked from the server to enumerate a model's launches
     (default: the CPUs per local rank, minus one for the rank's own work); ``0`` enumerates in a thread
-    of the server instead, which stops once serving starts. Not capped by the CPUs, as helpers are:
-    planners live only while the plan is enumerated."""
-    return env_int("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0, maximum=MAX_PROCESSES)
+    of the server instead, which stops once serving starts. Capped, with one line, at the CPUs this rank
+    may use, as helpers are: more planners only queue for them, each a fork of the server. ``quiet``: the
+    cap is not said (a caller that reads it again)."""
+    return helper_count("JIT_AHEAD_PLANNERS", default_worker_count(), minimum=0, quiet=quiet)
 
 
 def serving_worker_count() -> int:
@@ -116,8 +133,7 @@ def serving_planner_count() -> int:
     exit after the chunk they run and the ones left claim the rest, so planning left over at serving
     shares the spare CPUs with the helpers still building instead of taking them all. Default: half the
     serving helpers, at least one."""
-    return env_int("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1,
-                   maximum=MAX_PROCESSES)
+    return helper_count("JIT_AHEAD_SERVING_PLANNERS", max(1, serving_worker_count() // 2), minimum=1)
 
 
 def checked_process_count(name: str, value) -> int:

@@ -247,6 +247,11 @@ class PlanningRun(Sink):
             log.warning("planning: another process has held %s for %.0fs; planning here too",
                         self._store.lock_path(parts), self._lock_timeout)
             return None
+        except OSError as exc:  # a read-only folder (plans baked into an image), or its place taken
+            log.warning("planning: cannot take the lock %s (%s: %s); a saved plan there is still read, and "
+                        "this process plans without the lock", self._store.lock_path(parts), type(exc).__name__,
+                        exc.strerror or exc)
+            return None
 
     def _complete(self) -> bool:
         return not self._cancelled.is_set() and self.launches_lost == 0 and not any(

@@ -18,5 +18,5 @@ def call_all(function: Callable[[Item], object], items: Sequence[Item], workers:
     from ..core import forked_calls, knobs
     from . import meta_shortcuts
 
-    workers = knobs.planner_count() if workers is None else workers
+    workers = knobs.planner_count(quiet=True) if workers is None else workers
     return forked_calls.call_all(function, items, workers, enter=meta_shortcuts.install)
