@@ -204,6 +204,26 @@ def test_a_plan_folder_where_the_lock_cannot_be_taken_still_gives_its_plan_and_p
         session.close()
 
 
+def test_a_fifo_in_a_saved_plans_place_is_one_line_and_planning_goes_on_and_replaces_it(caplog):
+    # opening a FIFO for reading waits for a writer: planning blocked on it forever
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        first = plan(session, model())
+        os.remove(first.saved_plan)
+        os.mkfifo(first.saved_plan, 0o600)
+        CountingProvider.passes = 0
+        run = session.plan_model(model(), LIMITS, [CountingProvider()])
+        assert run.wait(60), "planning blocked on the FIFO"
+        assert CountingProvider.passes == 1 and run.variants == first.variants and not run.errors
+        assert [r for r in caplog.records if first.saved_plan in r.getMessage() and "FIFO" in r.getMessage()]
+        assert os.path.isfile(first.saved_plan)  # the fresh plan took its place
+        CountingProvider.passes = 0
+        assert plan(session, model()).read_saved and CountingProvider.passes == 0
+    finally:
+        session.close()
+
+
 def session_store_lock(run) -> str:
     """The lock file next to a saved plan (``plan-<digest>.jsonl`` -> ``.plan-<digest>.lock``)."""
     folder, name = os.path.split(run.saved_plan)

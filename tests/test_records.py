@@ -219,6 +219,27 @@ def test_a_record_with_another_header_is_ignored_with_one_line(tmp_path, caplog)
     assert any("does not match" in m and "target: ['cuda', 100, 32] here ['cuda', 90, 32]" in m for m in messages)
 
 
+def test_a_fifo_among_the_records_is_one_line_and_the_others_are_read(tmp_path, caplog):
+    # opening a FIFO for reading waits for a writer: a start reading its records blocked on it forever
+    import threading
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    fmt = record_format(TARGET)
+    (good,) = planned_requests([48])
+    RecordFolder(tmp_path, fmt, rank="rank0").add([good])
+    (written,) = list(tmp_path.glob("triton-*.jsonl"))
+    fifo = written.with_name(written.name.replace("rank0", "rank1"))
+    assert fifo != written
+    os.mkfifo(fifo, 0o600)
+    found = []
+    reader = threading.Thread(target=lambda: found.append(RecordFolder(tmp_path, fmt).read()), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "reading the records blocked on the FIFO"
+    assert found == [[good]]
+    assert [r for r in caplog.records if str(fifo) in r.getMessage() and "FIFO" in r.getMessage()]
+
+
 def test_autotune_choices_made_on_another_gpu_model_are_not_read(tmp_path, caplog):
     # timings from one GPU model say nothing about another: the header names the GPU
     from jit_ahead.triton import autotune

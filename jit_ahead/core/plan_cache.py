@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .priority import Priority
-from .records import describe_difference, unsafe_because
+from .records import describe_difference, open_regular, unsafe_because
 
 log = logging.getLogger("jit_ahead.planning")
 
@@ -270,7 +270,7 @@ class PlanStore:
         (absent, unreadable, unsafe or not matching)."""
         path = self.path(parts, partial)
         try:
-            with open(path, encoding="utf-8") as f:
+            with open_regular(path) as f:
                 info = os.fstat(f.fileno())
                 why = unsafe_because(path, info)
                 if why:
@@ -361,7 +361,7 @@ class PlanStore:
             if path.name.endswith(".partial.jsonl"):
                 continue
             try:
-                with open(path, encoding="utf-8") as f:
+                with open_regular(path) as f:
                     key = json.loads(f.readline()).get("key", {})
             except (OSError, ValueError, AttributeError):
                 continue

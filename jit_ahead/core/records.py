@@ -14,6 +14,7 @@ plain dotted identifiers.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -50,6 +51,22 @@ def header_digest(header: dict) -> str:
 
 def is_dotted_name(name: object) -> bool:
     return isinstance(name, str) and bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def open_regular(path: Path):
+    """``path`` opened for reading as text, if it is a regular file: a FIFO or a device in a saved plan's or
+    a record's place would block the read (or never end); OSError names what it is instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise OSError(errno.EINVAL, f"it is {kind}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def unsafe_because(path: Path, st: os.stat_result) -> str | None:
@@ -112,7 +129,7 @@ class RecordFolder:
 
     def _read_file(self, path: Path) -> list:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open_regular(path) as f:
                 why = unsafe_because(path, os.fstat(f.fileno()))
                 if why:
                     log.error("record %s is %s; replay imports the modules it names, so it is ignored", path, why)
