@@ -412,6 +412,12 @@ def test_a_count_written_other_than_in_plain_digits_is_refused_not_read_as_anoth
         assert [r.getMessage() for r in caplog.records if repr(raw) in r.getMessage()], raw
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", " +2 ")
     assert knobs.planner_count() == 2
+    # a default worked out later is named as such, not as the -1 that stands for it
+    monkeypatch.setenv("JIT_AHEAD_TUNE_AHEAD_MEMORY_MB", "lots")
+    caplog.clear()
+    assert knobs.tune_ahead_budget_bytes(16 << 30) == 1 << 30
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "using the default (a sixteenth of the free GPU memory)" in line and "-1" not in line
     monkeypatch.setenv("JIT_AHEAD_WAIT_TIMEOUT_S", "1_0")
     assert knobs.wait_timeout_s() == 120.0
     for raw, seconds in (("2.5", 2.5), ("1e1", 10.0), (".5", 0.5)):

@@ -25,7 +25,8 @@ MAX_TOKENS = 1 << 24
 MAX_BATCH = 1 << 16
 
 
-def _env_number(name: str, default, minimum, maximum, parse, kind: str, quiet: bool = False):
+def _env_number(name: str, default, minimum, maximum, parse, kind: str, quiet: bool = False,
+                default_said: str | None = None):
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -36,7 +37,7 @@ def _env_number(name: str, default, minimum, maximum, parse, kind: str, quiet: b
     if value is None or not minimum <= value <= maximum:  # also false for nan; inf is above any maximum
         if not quiet:
             log.error("%s=%r is not %s from %s to %s; using the default %s", name, raw, kind, minimum, maximum,
-                      default)
+                      default if default_said is None else default_said)
         return default
     return value
 
@@ -49,8 +50,11 @@ def _plain_int(text: str) -> int:
     return int(text)
 
 
-def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 - 1, quiet: bool = False) -> int:
-    return _env_number(name, default, minimum, maximum, _plain_int, "an integer", quiet)
+def env_int(name: str, default: int, *, minimum: int = 0, maximum: int = 2**31 - 1, quiet: bool = False,
+            default_said: str | None = None) -> int:
+    """``default_said``: how a bad value's line names the default, where ``default`` only stands for one
+    worked out later."""
+    return _env_number(name, default, minimum, maximum, _plain_int, "an integer", quiet, default_said)
 
 
 def _plain_float(text: str) -> float:
@@ -244,7 +248,8 @@ def tune_ahead_enabled() -> bool:
 def tune_ahead_budget_bytes(free_bytes: int) -> int:
     """``JIT_AHEAD_TUNE_AHEAD_MEMORY_MB``: the most GPU memory one tuning task's tensors may take
     (default: a sixteenth of the memory free when tuning starts)."""
-    megabytes = env_int("JIT_AHEAD_TUNE_AHEAD_MEMORY_MB", -1, minimum=0, maximum=1 << 24)
+    megabytes = env_int("JIT_AHEAD_TUNE_AHEAD_MEMORY_MB", -1, minimum=0, maximum=1 << 24,
+                        default_said="(a sixteenth of the free GPU memory)")
     return free_bytes // 16 if megabytes < 0 else megabytes << 20
 
 
