@@ -6,6 +6,7 @@ import shutil
 import time
 
 import psutil
+import pytest
 import torch
 
 from jit_ahead.core import plan_cache
@@ -220,6 +221,28 @@ def test_a_fifo_in_a_saved_plans_place_is_one_line_and_planning_goes_on_and_repl
         assert os.path.isfile(first.saved_plan)  # the fresh plan took its place
         CountingProvider.passes = 0
         assert plan(session, model()).read_saved and CountingProvider.passes == 0
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00 not text\n", b"[1, 2]\n{}\n", b"42\n"],
+                         ids=["not-utf8", "list-header", "int-header"])
+def test_a_plan_that_is_not_text_or_whose_header_is_no_object_is_one_line_and_replaced(content, caplog):
+    # before: "planning stopped early" with a traceback and 0 variants on every start, the file left as it was
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    session = start(workers=0)
+    try:
+        first = plan(session, model())
+        with open(first.saved_plan, "wb") as f:
+            f.write(content)
+        CountingProvider.passes = 0
+        again = plan(session, model())
+        assert CountingProvider.passes == 1 and again.variants == first.variants and not again.errors
+        lines = [r.getMessage() for r in caplog.records if first.saved_plan in r.getMessage()]
+        assert len(lines) == 1 and "planning again" in lines[0], lines
+        assert not [r for r in caplog.records if r.exc_info]
+        CountingProvider.passes = 0
+        assert plan(session, model()).read_saved and CountingProvider.passes == 0  # the fresh plan replaced it
     finally:
         session.close()
 

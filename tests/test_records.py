@@ -240,6 +240,18 @@ def test_a_fifo_among_the_records_is_one_line_and_the_others_are_read(tmp_path, 
     assert [r for r in caplog.records if str(fifo) in r.getMessage() and "FIFO" in r.getMessage()]
 
 
+def test_a_record_that_is_not_text_is_one_line_and_the_others_are_read(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    fmt = record_format(TARGET)
+    (good,) = planned_requests([80])
+    RecordFolder(tmp_path, fmt, rank="rank0").add([good])
+    (written,) = list(tmp_path.glob("triton-*.jsonl"))
+    damaged = written.with_name(written.name.replace("rank0", "rank1"))
+    damaged.write_bytes(b"\xff\xfe\x00 not text\n")
+    assert RecordFolder(tmp_path, fmt).read() == [good]
+    assert [r for r in caplog.records if str(damaged) in r.getMessage() and "not UTF-8" in r.getMessage()]
+
+
 def test_autotune_choices_made_on_another_gpu_model_are_not_read(tmp_path, caplog):
     # timings from one GPU model say nothing about another: the header names the GPU
     from jit_ahead.triton import autotune

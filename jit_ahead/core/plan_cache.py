@@ -286,8 +286,13 @@ class PlanStore:
         except OSError as exc:
             log.error("saved plan %s cannot be read (%s); planning again", path, exc)
             return None
+        except ValueError as exc:  # UnicodeDecodeError: bytes that are no plan of ours
+            log.error("saved plan %s is not UTF-8 text (%s); planning again", path, exc)
+            return None
         try:
             header = json.loads(lines[0])
+            if not isinstance(header, dict):
+                raise ValueError(f"its first line is JSON but not an object ({type(header).__name__})")
             if header.get("jit_ahead_plan") != FORMAT or header.get("key") != json.loads(json.dumps(parts, default=str)):
                 log.warning("saved plan %s does not match this start; planning again", path)
                 return None
@@ -312,7 +317,7 @@ class PlanStore:
                 plan.requests[name] = entries
                 plan.groups[name] = [tuple(map(str, g)) for g in body.get("groups", [])]
                 plan.tuning[name] = [(Priority[p], family.tuning_decode(t)) for p, t in body.get("tuning", [])]
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             log.error("saved plan %s is unusable (%s: %s); planning again", path, type(exc).__name__, exc)
             return None
         return plan

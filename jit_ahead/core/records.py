@@ -138,6 +138,9 @@ class RecordFolder:
         except OSError as exc:
             log.error("record %s cannot be read (%s); ignored", path, exc)
             return []
+        except ValueError as exc:  # UnicodeDecodeError: bytes that are no record of ours
+            log.error("record %s is not UTF-8 text (%s); ignored", path, exc)
+            return []
         try:
             header = json.loads(lines[0]) if lines else None
         except ValueError:
