@@ -11,8 +11,9 @@ start building while planners still enumerate.
 
 A planner touches nothing of the server: it holds copies of the server's memory, uses no GPU, and is
 killed by the kernel when the planning thread that forked it ends. A planner that dies or stops making
-progress is replaced; the launch it was running is reported and skipped, and the rest of its chunk goes
-back to be claimed again. What no planner could run is run in the planning thread before serving, or
+progress is replaced and its chunk goes back to be claimed again, the launch it was running included: a
+planner killed from outside is no fault of that launch. A launch that a second planner dies in is skipped
+and reported, and the plan is not whole (not saved as such). What no planner could run is run in the planning thread before serving, or
 given up with one log line once serving has started. Once serving, only ``serving_count`` planners go
 on; the others exit after their chunk.
 """
@@ -47,6 +48,7 @@ log = logging.getLogger("jit_ahead.planning")
 SEND_EVERY_S = 0.25  # a planner sends what it found at least this often
 STALL_S = 60.0  # a planner whose launch runs this long without returning is taken to hang
 MAX_RESPAWNS = 3  # replacements per planner slot, before the slot is left empty
+LAUNCH_DEATHS = 2  # planners one launch may see die before it is skipped: once may be a kill from outside
 MAX_CHUNK = 64  # launches a planner claims at a time, at most
 CHUNKS_PER_PLANNER = 32  # at least this many chunks per planner, so that planners end together
 
@@ -136,7 +138,7 @@ class Sink(ABC):
 
     def ran(self, group: int, first: int, last: int) -> None:
         """Launches ``first`` to ``last`` (excluded) of ``group`` have run and what they found was handed
-        over (or one of them killed its planner and is not run again): progress a later start may skip."""
+        over: progress a later start may skip."""
 
 
 @dataclass(frozen=True)
@@ -205,11 +207,12 @@ class _Book:
         self._left[self.group_of(part)] -= 1
 
     def split(self, part: Range, culprit: int) -> list[Range]:
-        """``part`` is replaced by what is left of it without launch ``culprit``; returns the new ranges."""
+        """``part`` is replaced by what is left of it without launch ``culprit``; returns the new ranges.
+        The culprit is not progress a later start may skip: that start runs it again, and plans around it
+        again if it kills planners there too."""
         if part not in self.open:
             return []
         self._drop(part)
-        self._sink.ran(self.group_of(part), culprit, culprit + 1)  # never again: it killed a planner
         rest = [r for r in (Range(part.chunk, part.first, culprit), Range(part.chunk, culprit + 1, part.last)) if len(r)]
         for r in rest:
             self.open.add(r)
@@ -523,6 +526,7 @@ class ForkedPlanners:
         self._book = _Book(groups, self._chunks, sink, start.group)
         self._board = _Board(len(self._chunks), count)
         self._returned: list[Range] = []  # handed back, waiting for room on the board
+        self._deaths: Counter = Counter()  # (chunk, launch) -> planners that died running it
         self._slots = [_Slot(k) for k in range(count)]
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
@@ -634,12 +638,19 @@ class ForkedPlanners:
         if slot.finished or self._cancelled.is_set():  # done, or killed because planning is cancelled
             return
         where = "before its first launch"
-        if part is not None and launch >= 0:
+        if part is not None and launch >= 0 and part in self._book.open:
             group = self._book.group_of(part)
             provider, planned = self._groups[group].items[launch]
-            where = f"in launch {planned.label}, which is skipped"
-            self._sink.failed(Failure(provider.name, "PlannerDied", f"the planner {how}", planned.label))
-            self._returned.extend(self._book.split(part, launch))
+            self._deaths[(part.chunk, launch)] += 1
+            if self._deaths[(part.chunk, launch)] < LAUNCH_DEATHS:
+                # killed from outside (the OOM killer, a user) as likely as by its launch: run again, whole
+                where = f"in launch {planned.label}, which runs again in another planner"
+                self._returned.append(part)
+            else:  # its launch kills planners: skipped, and the plan is not whole
+                where = f"in launch {planned.label}, which killed {LAUNCH_DEATHS} planners and is skipped"
+                self._sink.failed(Failure(provider.name, "PlannerDied", f"the planner {how}", planned.label))
+                self._sink.lost(group, 1, f"launch {planned.label} killed {LAUNCH_DEATHS} planners")
+                self._returned.extend(self._book.split(part, launch))
         elif part is not None and part in self._book.open:
             self._returned.append(part)  # claimed, not started
         self._returned = self._board.hand_back(self._returned)  # before a new planner claims
@@ -672,6 +683,11 @@ class ForkedPlanners:
             self._sink.lost(first_group, remaining, "its planners failed after serving started")
             self._book.finish()
             return
+        rest = self._without_suspects(rest)
+        remaining = sum(len(r) for r in rest)
+        if not remaining:
+            self._book.finish()
+            return
         log.warning("%d launches no planner could run run in the planning thread", remaining)
         stopped = run_ranges_here(self._groups, self._chunks, self._families, self._sink, self._book, rest,
                                   lambda: cancelled.is_set() or serving())
@@ -679,6 +695,19 @@ class ForkedPlanners:
             self._sink.lost(self._book.group_of(stopped[0]), _left_after(self._book, stopped),
                             "serving started before the planning thread ran them")
         self._book.finish()
+
+    def _without_suspects(self, rest: list[Range]) -> list[Range]:
+        """``rest`` less each launch a planner died in: what may kill a planner is not run in the server's
+        own thread. Each is reported and the plan is not whole."""
+        for (chunk, launch), _ in self._deaths.items():
+            part = next((r for r in rest if r.chunk == chunk and r.first <= launch < r.last), None)
+            if part is None:
+                continue
+            group = self._book.group_of(part)
+            label = self._groups[group].items[launch][1].label
+            self._sink.lost(group, 1, f"a planner died in launch {label}, which is not run in the server's thread")
+            rest = [r for r in rest if r != part] + self._book.split(part, launch)
+        return sorted(rest, key=lambda r: (r.chunk, r.first))
 
     def _close(self, slot: _Slot) -> str:
         """Close its stream and reap it, whether it finished, died or was killed (a killed planner left
