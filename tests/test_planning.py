@@ -143,6 +143,24 @@ def test_a_launch_a_planner_died_in_is_never_run_in_the_servers_thread(session_f
     assert run.variants[Priority.BACKGROUND] > 0  # the others ran in the planning thread
 
 
+def test_limits_far_beyond_what_planning_holds_are_cut_at_the_launch_cap_with_one_line(session_factory, monkeypatch,
+                                                                                       caplog):
+    # ScaleProvider lists one launch per token count: a hundred million of them here, as an engine passing a
+    # long context would make a provider that cannot classify its shapes list. Before, they were all
+    # materialized (millions of launches, gigabytes, the server OOM-killed).
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "0")
+    monkeypatch.setenv("JIT_AHEAD_MAX_PLANNED_LAUNCHES", "300")
+    huge = EngineLimits(max_num_tokens=100_000_000, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
+    t0 = time.monotonic()
+    run = session_factory(workers=0).plan_model(model(), huge, [ScaleProvider()])
+    assert run.wait(120) and time.monotonic() - t0 < 60
+    assert run.launches == 300 and run.launches_lost == 1 and run.saved_plan is None
+    lines = [r.getMessage() for r in caplog.records if "JIT_AHEAD_MAX_PLANNED_LAUNCHES" in r.getMessage()]
+    assert len(lines) == 1 and "test-scale" in lines[0] and "300" in lines[0], lines
+    assert run.variants[Priority.WARMUP] > 0  # what was listed is planned
+
+
 def test_a_hung_planner_is_killed_after_the_stall_limit_and_planning_goes_on(session_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("JIT_AHEAD_PLANNERS", "1")
     monkeypatch.setattr(planners, "STALL_S", 2.0)

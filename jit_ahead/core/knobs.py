@@ -263,6 +263,14 @@ def tune_ahead_rep_ms() -> int:
     return env_int("JIT_AHEAD_TUNE_AHEAD_REP_MS", 20, minimum=1, maximum=1000)
 
 
+def max_planned_launches() -> int:
+    """``JIT_AHEAD_MAX_PLANNED_LAUNCHES`` (default 200000): the most launches one planning run lists, over all
+    its providers. Planning holds each listed launch until it runs; limits whose space is larger than this
+    (a provider that cannot classify its shapes, at a long context) are cut there with one line, the plan is
+    not whole, and what is left compiles as without jit_ahead."""
+    return env_int("JIT_AHEAD_MAX_PLANNED_LAUNCHES", 200_000, minimum=1, maximum=10_000_000)
+
+
 def engine_limits():
     """The limits the ``JIT_AHEAD=1`` path plans models within: ``JIT_AHEAD_MAX_NUM_TOKENS`` (default
     8192), ``JIT_AHEAD_MAX_BATCH_SIZE`` (16), ``JIT_AHEAD_MAX_SEQ_LEN`` (4096) and

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from filelock import FileLock, Timeout
 
-from . import events
+from . import events, knobs
 from .limits import EngineLimits
 from .plan_cache import PlanStore, SavedPlan, plan_key
 from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, planner_entry, run_in_thread
@@ -88,7 +89,7 @@ class PlanningRun(Sink):
         self.errors: list[str] = []
         self._failed: set[tuple[str, str]] = set()
         self.launches = 0  # launches listed by the providers
-        self.launches_lost = 0  # launches that will not run (serving started before they could)
+        self.launches_lost = 0  # launches not run: serving came first, one killed planners, or the listing cap
         self.launches_resumed = 0  # launches a partial plan of an earlier start says ran: not run again
         self._parts: dict | None = None  # the saved plan's key, while planning may save its progress
         self._signatures: list[str] = []  # per launch group
@@ -374,6 +375,7 @@ class PlanningRun(Sink):
 
         groups: dict[tuple[Priority, str, int], list] = defaultdict(list)
         claims = Claims()
+        budget = knobs.max_planned_launches()
         planner_entry.set(self._enter_planner)  # for the processes providers fork (planning thread only)
         ordered = sorted(enumerate(self._providers), key=lambda ip: ip[1].sees_claims)
         for index, provider in ordered:
@@ -388,7 +390,12 @@ class PlanningRun(Sink):
                     # Helpers import the library while its launches are enumerated; a library the
                     # model does not use is never imported there.
                     family.pool.preload(provider.modules)
-                launches = list(provider.launches(layers, self._limits)) if layers else []
+                # streamed up to what is left of the budget: limits far beyond it list nothing more
+                launches = list(itertools.islice(provider.launches(layers, self._limits), budget + 1)) if layers else []
+                if len(launches) > budget:
+                    launches = launches[:budget]
+                    self._cut_at_budget(provider)
+                budget -= len(launches)
                 claims |= provider.claims(self._model, layers)
             except Exception as exc:
                 self._fail(provider, "enumeration", exc)
@@ -399,6 +406,16 @@ class PlanningRun(Sink):
                 groups[(launch.priority, provider.family, index)].append((provider, launch))
         return [LaunchGroup(priority, family, items)
                 for (priority, family, _), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2]))]
+
+    def _cut_at_budget(self, provider) -> None:
+        """The listing reached JIT_AHEAD_MAX_PLANNED_LAUNCHES: one line, and the plan is not whole."""
+        cap = knobs.max_planned_launches()
+        self.launches_lost += 1
+        message = (f"provider {provider.name} lists more launches than the {cap} one planning run holds within "
+                   f"{self._limits} (JIT_AHEAD_MAX_PLANNED_LAUNCHES); the launches past it are not planned and "
+                   "compile as without jit_ahead")
+        self.errors.append(message)
+        log.warning("planning: %s", message)
 
     def _enumerate(self) -> None:
         self._enumeration_started = time.perf_counter()
