@@ -2,6 +2,7 @@
 code), its disk cache's layout and publishing, and rebuilds with nvcc for sm_90a that refuse what would
 not give the server's entry."""
 import json
+import logging
 import os
 import shutil
 import signal
@@ -120,6 +121,35 @@ def test_a_record_whose_meta_is_not_deep_gemms_is_refused_with_one_line(tmp_path
     broken = RecordedKernel(record.name, record.key, record.source, {"command": record.meta["command"]})
     with pytest.raises(RebuildRefused, match="not DeepGEMM's"):
         rebuild(broken, [tmp_path / "dj"], [include], nvcc=NVCC)
+
+
+@pytest.mark.parametrize("damage", ["cubin-cut-short", "cubin-missing", "meta-broken"])
+def test_a_committed_entry_whose_files_are_damaged_is_one_line_removed_and_built_again(tmp_path, caplog, damage):
+    # before: the marker alone made it an entry, so DeepGEMM was handed a cubin it cannot load, for good
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    record, include = make_record(tmp_path)
+    roots = [tmp_path / "dj"]
+    entry, built = rebuild(record, roots, [include], nvcc=NVCC)
+    cubin = entry / "kernel.cubin"
+    whole = cubin.read_bytes()
+    if damage == "cubin-cut-short":
+        cubin.write_bytes(whole[: len(whole) // 2])
+    elif damage == "cubin-missing":
+        cubin.unlink()
+    else:
+        (entry / "meta.json").write_text('{"command": ')
+    assert disk_cache.find(roots, record.name, record.key) is None and not entry.exists()
+    lines = [r.getMessage() for r in caplog.records if str(entry) in r.getMessage()]
+    assert len(lines) == 1 and "damaged" in lines[0] and "built again" in lines[0], lines
+    again, built = rebuild(record, roots, [include], nvcc=NVCC)
+    assert built and again == entry and (entry / "kernel.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert disk_cache.find(roots, record.name, record.key) == entry
+    # a damaged entry in a read-only lookup root is passed over, not removed
+    lookup = tmp_path / "lookup"
+    shutil.copytree(roots[0] / "cache", lookup / "cache")
+    (lookup / "cache" / entry.name / "kernel.cubin").write_bytes(whole[:100])
+    assert disk_cache.find([tmp_path / "empty", lookup], record.name, record.key) is None
+    assert (lookup / "cache" / entry.name).exists()
 
 
 def test_a_leftover_folder_without_a_marker_at_an_entrys_place_is_replaced(tmp_path):

@@ -10,6 +10,8 @@ midway leaves only its private folder under ``tmp/``.
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
@@ -17,7 +19,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from ..core import cuda_elf
+
+log = logging.getLogger("jit_ahead.deep_gemm")
+
 COMMITTED = ".committed"
+CUBIN = "kernel.cubin"
+META = "meta.json"
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
@@ -46,14 +54,57 @@ def committed_entries(root: Path) -> set[str]:
         return set()
 
 
-def find(roots: list[Path], kernel_name: str, key: str) -> Path | None:
-    """The committed entry of that kernel and key in the first root that has one."""
-    name = entry_name(kernel_name, key)
-    for root in roots:
-        path = root / "cache" / name
-        if (path / COMMITTED).exists():
-            return path
+def damage(entry: Path) -> str | None:
+    """Why a committed entry cannot be what DeepGEMM loads (its cubin missing, not a CUDA ELF or cut short;
+    its meta.json missing or not a JSON object), or None."""
+    try:
+        binary = (entry / CUBIN).read_bytes()
+    except OSError as exc:
+        return f"its {CUBIN} cannot be read ({exc.strerror or exc})"
+    try:
+        short = cuda_elf.cut_short(binary)
+    except ValueError as exc:
+        return f"its {CUBIN}: {exc}"
+    if short:
+        return f"its {CUBIN}: {short}"
+    try:
+        meta = json.loads((entry / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"its {META} cannot be read ({type(exc).__name__})"
+    if not isinstance(meta, dict):
+        return f"its {META} is not a JSON object"
     return None
+
+
+def find(roots: list[Path], kernel_name: str, key: str) -> Path | None:
+    """The committed entry of that kernel and key in the first root that has one. A damaged committed
+    entry is one line; in the writable root it is removed (so that it is built again), in a read-only
+    lookup root it is passed over."""
+    name = entry_name(kernel_name, key)
+    for index, root in enumerate(roots):
+        path = root / "cache" / name
+        if not (path / COMMITTED).exists():
+            continue
+        why = damage(path)
+        if why is None:
+            return path
+        if index == 0:
+            _remove(path)
+            log.warning("DeepGEMM cache entry %s is damaged (%s); removed, it is built again", path, why)
+        else:
+            log.warning("DeepGEMM cache entry %s is damaged (%s); passed over", path, why)
+    return None
+
+
+def _remove(entry: Path) -> None:
+    """Out of readers' way at once (renamed aside, a reader sees no entry), then deleted."""
+    aside = entry.parent.parent / "tmp" / f"damaged-{uuid.uuid4().hex}"
+    try:
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(entry, aside)
+    except OSError:
+        aside = entry
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _sync(path: Path) -> None:

@@ -22,8 +22,8 @@ from . import disk_cache
 from .key import SourceDigest, cache_key
 
 SOURCE = "kernel.cu"
-CUBIN = "kernel.cubin"
-META = "meta.json"
+CUBIN = disk_cache.CUBIN
+META = disk_cache.META
 
 
 class RebuildRefused(RuntimeError):

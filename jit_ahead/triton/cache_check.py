@@ -30,17 +30,16 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import tempfile
 import time
 import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
+from ..core.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 
 MANIFEST = "jit_ahead_manifest.json"
-_EM_CUDA = 190
 
 
 class Entry(enum.Enum):
@@ -101,20 +100,6 @@ def _group_paths(folder: str, kernel_name: str) -> dict[str, str] | None:
     if not isinstance(paths, dict) or not all(isinstance(p, str) for p in paths.values()):
         raise ValueError("its group file names no files")
     return paths
-
-
-def cuda_elf_arch(binary: bytes) -> int | None:
-    """The compute capability a CUDA ELF was built for; None if the ELF ABI version is not known here.
-    Raises ValueError when ``binary`` is not a CUDA ELF at all."""
-    if len(binary) < 52 or binary[:4] != b"\x7fELF" or struct.unpack_from("<H", binary, 18)[0] != _EM_CUDA:
-        raise ValueError("its binary is not a CUDA ELF")
-    flags = struct.unpack_from("<I", binary, 48)[0]
-    abi = binary[8]
-    if abi == 7:  # the capability in the low byte
-        return flags & 0xFF
-    if abi == 8:  # one byte up
-        return (flags >> 8) & 0xFF
-    return None
 
 
 def check(predicted_hash: str, kernel_name: str, arch: int | None, thorough: bool = True) -> tuple[Entry, str]:
