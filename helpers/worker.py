@@ -17,7 +17,7 @@ import traceback
 
 from jit_ahead.core import device_view, processes
 from jit_ahead.core.helper_env import SINGLE_THREADED, is_scrubbed
-from jit_ahead.core.protocol import (Configure, Job, JobDone, Preload, PreloadDone, Ready, Shutdown, read_message,
+from jit_ahead.core.protocol import (Configure, Job, JobDone, JobTaken, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
 from jit_ahead.core.requests import BuildResult
 
@@ -120,6 +120,7 @@ def serve(inbox, outbox, builder) -> int:
             if isinstance(message, Preload):
                 write_message(outbox, preload(message.modules))
             elif isinstance(message, Job):
+                write_message(outbox, JobTaken(message.job_id))
                 write_message(outbox, _build(builder, message))
             else:
                 log.error("ignoring unexpected message %r", type(message).__name__)

@@ -4,6 +4,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -498,6 +499,25 @@ def test_a_fork_server_killed_while_its_helper_builds_charges_nothing_to_the_bui
     assert not [e for e in pool.events if e["event"] == "helper_crash"]
     # the helper goes on building for the pool; a new fork server comes when a new helper is needed
     assert pool.submit(later.build_request(), Priority.BACKGROUND).wait(240) is State.DONE
+
+
+def test_a_helper_killed_while_idle_charges_nothing_to_the_next_request_it_is_given(triton_cache, pools, caplog):
+    # before: each idle helper's death was charged to the next request as a crash (6 of 6), and with one
+    # real crash an innocent variant was quarantined
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    pool = make_pool(triton_cache, workers=1, backoff_initial=0.05)
+    pools.append(pool)
+    requests = add_requests([16, 32, 64, 128, 256])
+    first = pool.submit(requests[0].build_request(), Priority.BACKGROUND)
+    pool.start()
+    assert first.wait(120) is State.DONE
+    for request in requests[1:]:
+        idle = [e for e in pool.events if e["event"] == "helper_ready"][-1]["pid"]
+        os.kill(idle, signal.SIGKILL)  # the helper that built the last one waits for work
+        ticket = pool.submit(request.build_request(), Priority.BACKGROUND)
+        assert ticket.wait(120) is State.DONE and ticket.crashes == 0
+    assert not [e for e in pool.events if e["event"] == "helper_crash"]
+    # a helper that dies in a build is still charged (test_a_request_that_kills_helpers_twice_is_quarantined)
 
 
 def test_a_module_that_kills_the_fork_server_is_the_only_one_not_preloaded(triton_cache, pools, tmp_path,

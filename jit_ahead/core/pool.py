@@ -492,7 +492,7 @@ class HelperPool:
         """Build one ticket in ``helper``; None if the helper is still there afterwards, else how it
         went (CRASHED: it died building, charged to the request)."""
         from .helper_process import Stint
-        from .protocol import Job, JobDone, ProtocolError
+        from .protocol import Job, JobDone, JobTaken, ProtocolError
 
         request = ticket.request
         job_id = next(self._job_ids)
@@ -504,6 +504,15 @@ class HelperPool:
         t0 = time.perf_counter()
         try:
             reply = helper.receive(self._build_timeout)
+            if reply is None and not self._closed.is_set():
+                # it died before it took the job (killed while idle, by the OOM killer or a user): the job
+                # is not to blame, and goes back to the queue as it was
+                self.table.release(ticket, crashed=False)
+                log.warning("%s %s (pid %d) exited before it took %s (%s); the request goes back to the queue",
+                            self.family.name, helper.name, helper.pid, request.label, helper.describe_exit())
+                return Stint.DIED
+            if isinstance(reply, JobTaken) and reply.job_id == job_id:
+                reply = helper.receive(max(0.0, self._build_timeout - (time.perf_counter() - t0)))
         except TimeoutError:
             log.error("%s %s (pid %d) spent over %.0fs building %s; killed, counted as a crash",
                       self.family.name, helper.name, helper.pid, self._build_timeout, request.label)

@@ -51,6 +51,14 @@ class Job:
 
 
 @dataclass(frozen=True)
+class JobTaken:
+    """The helper read ``Job`` ``job_id`` and starts it: a helper that dies before saying so died idle, and
+    its death is not the job's."""
+
+    job_id: int
+
+
+@dataclass(frozen=True)
 class JobDone:
     job_id: int
     result: BuildResult  # its ``builder`` is filled in by the pool, which knows the helper's name
