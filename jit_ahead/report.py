@@ -24,7 +24,8 @@ _START_SPANS = {
 @dataclass
 class KernelRow:
     planned: int = 0
-    built_ahead: int = 0
+    built_ahead: int = 0  # compiled by this process's helpers
+    found_built: int = 0  # helpers' builds that found the entry built by another process sharing the cache
     build_failed: int = 0
     loaded: int = 0
     waits: int = 0
@@ -131,7 +132,10 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
             starts[(e.helper, e.key)] = t
         elif isinstance(e, ev.BuildFinish) and e.helper != "executor":
             row = rows[kernel(e.key)]
-            if e.ok:
+            if e.ok and e.found:  # another process sharing the cache had built it: no compile here
+                row.found_built += 1
+                built.add(e.key)
+            elif e.ok:
                 row.built_ahead += 1
                 built.add(e.key)
             else:
@@ -233,6 +237,10 @@ def text(coverage: Coverage) -> str:
              for r in table]
     serving = sum(r.compiles["serving"][0] for r in coverage.kernels.values())
     lines.append("")
+    found = sum(r.found_built for r in coverage.kernels.values())
+    if found:
+        lines.append(f"builds that found their variant built by another process sharing the cache (not counted "
+                     f"as built ahead): {found}")
     lines.append(f"executor compiles after serving started: {serving}")
     tuned_serving = sum(len(r.tuned["serving"]) for r in coverage.kernels.values())
     lines.append(f"tuning keys benchmarked by a launch after serving started: {tuned_serving}")

@@ -153,6 +153,62 @@ def test_a_failure_in_miss_handling_does_not_switch_the_guard_off(monkeypatch, c
         session.close()
 
 
+SHARED_CACHE_SERVER = """
+import sys, time
+from jit_ahead.triton.standin import ensure_driver
+ensure_driver()
+import torch
+from jit_ahead.core.priority import Priority
+from jit_ahead.core.session import Session
+from jit_ahead.triton import capture
+from tests.conftest import wait_all
+from tests.kernels import basic as k
+x = torch.empty(4096, device="meta", dtype=torch.float32)
+with capture() as planned:
+    for block in (16, 32, 64, 128, 256, 512):
+        for warps in (1, 2, 4):
+            k.add_kernel[(1,)](x, x, x, 4096, BLOCK=block, num_warps=warps)
+session = Session(triton={"workers": 2}).start()
+go = float(sys.argv[1])
+while time.time() < go:  # every server queues the same variants at the same moment
+    time.sleep(0.005)
+wait_all(session.triton.submit(planned, Priority.BACKGROUND), timeout=600)
+session.close()
+"""
+
+
+def test_servers_sharing_one_cache_report_each_compile_once_across_their_logs(tmp_path):
+    # before: a helper that found its variant built by another server (under the variant's lock) reported
+    # it as built, and six servers' logs added up to 144 builds for 24 compiles
+    import subprocess
+    import sys
+    import time
+
+    from jit_ahead.report import analyse, read_events
+
+    from .conftest import REPO
+
+    logs, cache = tmp_path / "logs", tmp_path / "cache"
+    logs.mkdir()
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), JIT_AHEAD_STATS=str(logs) + os.sep,
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    go = time.time() + 8
+    servers = [subprocess.Popen([sys.executable, "-c", SHARED_CACHE_SERVER, str(go)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for server in servers:
+        out, err = server.communicate(timeout=600)
+        assert server.returncode == 0, err[-3000:]
+    compiled = {p.parent.name for p in cache.rglob("*.cubin")}  # Triton's entries: one per variant compiled
+    assert len(compiled) == 18
+    built = found = 0
+    for path in logs.iterdir():
+        coverage = analyse(*read_events(path))
+        built += sum(row.built_ahead for row in coverage.kernels.values())
+        found += sum(row.found_built for row in coverage.kernels.values())
+    assert built == len(compiled), (built, found)  # each compile reported once, by the server that made it
+    assert built + found == 3 * len(compiled)  # every server's helpers took every variant: the rest found it
+
+
 def test_stats_log_path_rules(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert stats_log_path("1", pid=7) == tmp_path / "jit_ahead_stats.7.jsonl"

@@ -209,7 +209,8 @@ class BuildStart(Event, name="build_start"):
 
 
 class BuildFinish(Event, name="build_finish"):
-    """A build ended, in a helper or on the executor (``helper="executor"``)."""
+    """A build ended, in a helper or on the executor (``helper="executor"``). ``found``: nothing was
+    compiled, the entry was on disk when its lock was taken (another process sharing the cache built it)."""
 
     family: str
     key: str
@@ -218,6 +219,7 @@ class BuildFinish(Event, name="build_finish"):
     ok: bool
     error: str | None
     seconds: float
+    found: bool = False
 
 
 class HelperCrash(Event, name="helper_crash"):

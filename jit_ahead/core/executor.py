@@ -211,7 +211,7 @@ class ExecutorBase(ABC):
         self.table.finish(ticket, result)
         self.stats.emit(events.BuildFinish(family=request.family, key=request.key, label=request.label,
                                            helper="executor", ok=result.ok, error=result.error,
-                                           seconds=result.seconds))
+                                           seconds=result.seconds, found=result.found))
         if result.ok:
             self.pool.cost.local_build(result.seconds)
             return Outcome.BUILT_HERE

@@ -547,5 +547,5 @@ class HelperPool:
         self.table.finish(ticket, result)
         self.stats.emit(events.BuildFinish(family=self.family.name, key=request.key, label=request.label,
                                            helper=helper.name, ok=result.ok, error=result.error,
-                                           seconds=result.seconds))
+                                           seconds=result.seconds, found=result.found))
         return None

@@ -32,3 +32,9 @@ class BuildResult:
     builder: str
     error: str | None = None
     details: dict = field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        """The builder compiled nothing: the entry was on disk already (a family that says so: ``compiled``
+        False in its details)."""
+        return self.ok and (self.details or {}).get("compiled") is False

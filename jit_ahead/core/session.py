@@ -275,7 +275,9 @@ class Session:
 
     def _count(self, record: dict) -> None:
         event = record["event"]
-        if event == "build_finish":
+        if event == "build_finish" and record.get("found"):  # another process sharing the cache built it
+            self._tally["found built by another process"] += 1
+        elif event == "build_finish":
             self._tally["built in helpers" if record.get("helper") != "executor" else "built in place"] += 1
         elif event == "executor_miss":
             self._tally[f"executor {record.get('outcome')}"] += 1

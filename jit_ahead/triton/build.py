@@ -39,11 +39,15 @@ def _lock_path(predicted_hash: str) -> str:
     return os.path.join(folder, f"{predicted_hash}.lock")
 
 
-def compile_request(request: TritonCompileRequest) -> triton.compiler.CompiledKernel:
-    """Compile (or find on disk) exactly the requested variant; raise HashMismatch if it lands elsewhere."""
+def compile_request(request: TritonCompileRequest) -> tuple[triton.compiler.CompiledKernel, bool]:
+    """Compile (or find on disk) exactly the requested variant, and whether it was found: on disk before
+    this compile, under its lock (another process built it first). Raise HashMismatch if it lands
+    elsewhere."""
     kernel = resolve_kernel(request.module, request.qualname)
     src, options = compile_inputs(kernel, spec_json(request.specialization_data))
     with variant_lock(_lock_path(request.predicted_hash), request.label):
+        entry, _ = cache_check.check(request.predicted_hash, request.name, request.target[1], thorough=False)
+        found = entry is cache_check.Entry.OK
         compiled = triton.compile(src, target=GPUTarget(*request.target), options=options)
         if compiled.hash == request.predicted_hash:
             try:  # what the executor checks the entry against before it loads it (cache_check)
@@ -55,7 +59,7 @@ def compile_request(request: TritonCompileRequest) -> triton.compiler.CompiledKe
             f"{request.label}: Triton built hash {compiled.hash} but the launching process predicted "
             f"{request.predicted_hash}; the executor would miss this build. The helper and the server differ "
             "in kernel source, Triton install, Python ABI, options or cache-invalidating environment.")
-    return compiled
+    return compiled, found
 
 
 def _apply_env(env: tuple[tuple[str, str], ...]) -> None:
@@ -130,8 +134,8 @@ def prepare(view: DeviceView | None = None) -> dict:
 
 def build(request: TritonCompileRequest) -> dict:
     _apply_env(request.env)
-    compiled = compile_request(request)
-    details = {"hash": compiled.hash}
+    compiled, found = compile_request(request)
+    details = {"hash": compiled.hash, "compiled": not found}  # found: another process had built it
     try:
         details["launcher"] = prebuild_host_launcher(compiled)
     except Exception as exc:  # the cubin is published; a launcher the server builds itself is no error

@@ -36,7 +36,8 @@ def request_from_hook(fn, compile: dict):
 def build_in_place(request) -> dict:
     from .build import compile_request
 
-    return {"hash": compile_request(request).hash}
+    compiled, found = compile_request(request)
+    return {"hash": compiled.hash, "compiled": not found}
 
 
 class TritonExecutor(ExecutorBase):
