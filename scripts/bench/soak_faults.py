@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,18 +85,30 @@ def inject_before(fault: str, plans: Path, cache: Path, rng: random.Random) -> s
         for cubin in rng.sample(cubins, min(3, len(cubins))):
             cubin.write_bytes(cubin.read_bytes()[:100])
         return f"{fault} {min(3, len(cubins))} entries"
-    return fault if fault in ("none", "kill", "stop") else f"{fault} (nothing to damage yet)"
+    if fault in ("kill", "stop"):  # planners and helpers must run for the strike to meet one
+        for plan in saved:
+            plan.unlink()
+        entries = sorted({c.parent for c in cache.rglob("*.cubin")})
+        gone = rng.sample(entries, len(entries) // 2)
+        for entry in gone:
+            shutil.rmtree(entry, ignore_errors=True)
+        return f"{fault} (saved plan and {len(gone)} of {len(entries)} cache entries removed first)"
+    return fault if fault == "none" else f"{fault} (nothing to damage yet)"
 
 
 def strike(pid: int, fault: str, rng: random.Random, done: threading.Event, log: list) -> None:
-    """SIGKILL or SIGSTOP (then SIGCONT) one random descendant of the start, after a random delay."""
-    if done.wait(rng.uniform(1.0, 6.0)):
+    """SIGKILL or SIGSTOP (then SIGCONT) one random descendant of the start (a planner, a helper or the fork
+    server), after a random delay, as soon as it has one."""
+    if done.wait(rng.uniform(0.5, 3.0)):
         return
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return
+    children = []
+    while not children and not done.wait(0.05):
+        try:
+            children = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return
     if not children:
+        log.append("no planner or helper to strike: the start ended first")
         return
     victim = rng.choice(children)
     try:
