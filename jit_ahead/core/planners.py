@@ -13,8 +13,9 @@ A planner touches nothing of the server: it holds copies of the server's memory,
 killed by the kernel when the planning thread that forked it ends. A planner that dies or stops making
 progress is replaced and its chunk goes back to be claimed again, the launch it was running included: a
 planner killed from outside is no fault of that launch. A launch that a second planner dies in is skipped
-and reported, and the plan is not whole (not saved as such). What no planner could run is run in the planning thread before serving, or
-given up with one log line once serving has started. Once serving, only ``serving_count`` planners go
+and reported, and the plan is not whole (not saved as such). What no planner could run is run in the
+planning thread before serving (never a launch a planner died in), or given up with one log line once
+serving has started. Once serving, only ``serving_count`` planners go
 on; the others exit after their chunk.
 """
 from __future__ import annotations
@@ -699,7 +700,7 @@ class ForkedPlanners:
     def _without_suspects(self, rest: list[Range]) -> list[Range]:
         """``rest`` less each launch a planner died in: what may kill a planner is not run in the server's
         own thread. Each is reported and the plan is not whole."""
-        for (chunk, launch), _ in self._deaths.items():
+        for chunk, launch in self._deaths:
             part = next((r for r in rest if r.chunk == chunk and r.first <= launch < r.last), None)
             if part is None:
                 continue
