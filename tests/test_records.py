@@ -219,17 +219,24 @@ def test_a_record_with_another_header_is_ignored_with_one_line(tmp_path, caplog)
     assert any("does not match" in m and "target: ['cuda', 100, 32] here ['cuda', 90, 32]" in m for m in messages)
 
 
+def one_record_and_another_ranks_path(folder, block: int):
+    """A record of one variant written by rank0 in ``folder``: its format, the variant, and the path rank1's
+    record would have there (for a fault to put in its place)."""
+    fmt = record_format(TARGET)
+    (good,) = planned_requests([block])
+    RecordFolder(folder, fmt, rank="rank0").add([good])
+    (written,) = list(folder.glob("triton-*.jsonl"))
+    other = written.with_name(written.name.replace("rank0", "rank1"))
+    assert other != written
+    return fmt, good, other
+
+
 def test_a_fifo_among_the_records_is_one_line_and_the_others_are_read(tmp_path, caplog):
     # opening a FIFO for reading waits for a writer: a start reading its records blocked on it forever
     import threading
 
     caplog.set_level(logging.WARNING, logger="jit_ahead")
-    fmt = record_format(TARGET)
-    (good,) = planned_requests([48])
-    RecordFolder(tmp_path, fmt, rank="rank0").add([good])
-    (written,) = list(tmp_path.glob("triton-*.jsonl"))
-    fifo = written.with_name(written.name.replace("rank0", "rank1"))
-    assert fifo != written
+    fmt, good, fifo = one_record_and_another_ranks_path(tmp_path, 48)
     os.mkfifo(fifo, 0o600)
     found = []
     reader = threading.Thread(target=lambda: found.append(RecordFolder(tmp_path, fmt).read()), daemon=True)
@@ -242,11 +249,7 @@ def test_a_fifo_among_the_records_is_one_line_and_the_others_are_read(tmp_path, 
 
 def test_a_record_that_is_not_text_is_one_line_and_the_others_are_read(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="jit_ahead")
-    fmt = record_format(TARGET)
-    (good,) = planned_requests([80])
-    RecordFolder(tmp_path, fmt, rank="rank0").add([good])
-    (written,) = list(tmp_path.glob("triton-*.jsonl"))
-    damaged = written.with_name(written.name.replace("rank0", "rank1"))
+    fmt, good, damaged = one_record_and_another_ranks_path(tmp_path, 80)
     damaged.write_bytes(b"\xff\xfe\x00 not text\n")
     assert RecordFolder(tmp_path, fmt).read() == [good]
     assert [r for r in caplog.records if str(damaged) in r.getMessage() and "not UTF-8" in r.getMessage()]

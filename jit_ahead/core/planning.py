@@ -375,7 +375,7 @@ class PlanningRun(Sink):
 
         groups: dict[tuple[Priority, str, int], list] = defaultdict(list)
         claims = Claims()
-        budget = knobs.max_planned_launches()
+        cap = budget = knobs.max_planned_launches()
         planner_entry.set(self._enter_planner)  # for the processes providers fork (planning thread only)
         ordered = sorted(enumerate(self._providers), key=lambda ip: ip[1].sees_claims)
         for index, provider in ordered:
@@ -394,7 +394,7 @@ class PlanningRun(Sink):
                 launches = list(itertools.islice(provider.launches(layers, self._limits), budget + 1)) if layers else []
                 if len(launches) > budget:
                     launches = launches[:budget]
-                    self._cut_at_budget(provider)
+                    self._cut_at_budget(provider, cap)
                 budget -= len(launches)
                 claims |= provider.claims(self._model, layers)
             except Exception as exc:
@@ -407,9 +407,8 @@ class PlanningRun(Sink):
         return [LaunchGroup(priority, family, items)
                 for (priority, family, _), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2]))]
 
-    def _cut_at_budget(self, provider) -> None:
-        """The listing reached JIT_AHEAD_MAX_PLANNED_LAUNCHES: one line, and the plan is not whole."""
-        cap = knobs.max_planned_launches()
+    def _cut_at_budget(self, provider, cap: int) -> None:
+        """The listing reached ``cap`` (JIT_AHEAD_MAX_PLANNED_LAUNCHES): one line, and the plan is not whole."""
         self.launches_lost += 1
         message = (f"provider {provider.name} lists more launches than the {cap} one planning run holds within "
                    f"{self._limits} (JIT_AHEAD_MAX_PLANNED_LAUNCHES); the launches past it are not planned and "

@@ -91,33 +91,34 @@ def find_autotuner(task: TuningTask) -> Autotuner | None:
 _UNSET = object()
 
 
-@contextlib.contextmanager
-def benchmark_window(autotuner: Autotuner, rep_ms: int):
-    """While tune-ahead runs ``autotuner``: Triton's default benchmark (the driver's ``do_bench``) times each
-    config for ``rep_ms`` after ``rep_ms / 4`` of warmup instead of its 100 and 25. Only an autotuner on
-    the default benchmark (no ``do_bench``, ``warmup``, ``rep`` or CUDA-graph option of its own) and a
-    benchmark that takes those two arguments; afterwards the autotuner is as it was."""
-    own = getattr(autotuner, "_do_bench", _UNSET)
-    benchmark = None
-    if own is None:  # Triton's default: the driver's benchmarker, looked up at the first benchmark
-        from triton.runtime import driver
+def windowed_benchmark(rep_ms: int):
+    """Triton's default benchmark (the driver's ``do_bench``, which an autotuner without a benchmark of its
+    own looks up at its first benchmark) timing each config for ``rep_ms`` after ``rep_ms / 4`` of warmup
+    instead of its 100 and 25; None where that benchmark takes no such arguments."""
+    from triton.runtime import driver
 
-        try:
-            benchmark = driver.active.get_benchmarker()
-            parameters = inspect.signature(benchmark).parameters
-        except (TypeError, ValueError, AttributeError):
-            benchmark = None
-        else:
-            if not {"warmup", "rep"} <= parameters.keys():
-                benchmark = None
-    if benchmark is None:
+    try:
+        benchmark = driver.active.get_benchmarker()
+        parameters = inspect.signature(benchmark).parameters
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if not {"warmup", "rep"} <= parameters.keys():
+        return None
+    warmup_ms = max(1, rep_ms // 4)
+    return lambda kernel_call, quantiles: benchmark(kernel_call, warmup=warmup_ms, rep=rep_ms, quantiles=quantiles)
+
+
+@contextlib.contextmanager
+def benchmark_window(autotuner: Autotuner, windowed):
+    """While tune-ahead runs ``autotuner``: it benchmarks with ``windowed`` (``windowed_benchmark``) if it is on
+    Triton's default benchmark (no ``do_bench``, ``warmup``, ``rep`` or CUDA-graph option of its own);
+    afterwards the autotuner is as it was."""
+    if windowed is None or getattr(autotuner, "_do_bench", _UNSET) is not None:
         yield
         return
-    warmup_ms = max(1, rep_ms // 4)
     state = vars(autotuner)  # ``do_bench`` is a cached_property: what it cached, if anything, is put back
     cached = state.get("do_bench", _UNSET)
-    state["do_bench"] = lambda kernel_call, quantiles: benchmark(kernel_call, warmup=warmup_ms, rep=rep_ms,
-                                                                 quantiles=quantiles)
+    state["do_bench"] = windowed
     try:
         yield
     finally:
@@ -169,9 +170,10 @@ class _Grid:
 
 def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int, rep_ms: int = 100) -> TuneAheadResult:
     """Run each task's autotuner on ``device``, timing each config for ``rep_ms`` where it uses Triton's default
-    benchmark (``benchmark_window``); what could not be tuned is in ``left`` with the reason."""
+    benchmark (``windowed_benchmark``); what could not be tuned is in ``left`` with the reason."""
     result = TuneAheadResult()
     start = time.perf_counter()
+    windowed = windowed_benchmark(rep_ms)  # one benchmark for every task's autotuner
     seen: set[tuple] = set()
     for task in tasks:
         if task.identity in seen:
@@ -198,7 +200,7 @@ def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int, r
             kwargs = {k: _argument(v, device, generator) for k, v in task.kwargs}
             token = _ahead.set(True)
             try:
-                with benchmark_window(autotuner, rep_ms):
+                with benchmark_window(autotuner, windowed):
                     autotuner.run(*args, grid=_Grid(task.grids), warmup=False, **kwargs)
             finally:
                 _ahead.reset(token)
