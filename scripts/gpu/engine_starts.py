@@ -18,8 +18,11 @@ For each model and limit set, arms in fresh processes, in this order:
   busy-plain, busy-jit (with --busy N, after the other arms, N pairs, each pair's order the other way round
                from the last's, as are --warm-pairs): serving on the
                warm cache while jit_ahead plans and builds another model in the background (BUSY_MODEL at
-               the large limits, no saved plan, none of its variants built), against the same serving
-               without jit_ahead: what background planning and builds cost a serving request
+               the large limits, no saved plan, none of its variants built: each busy arm gets a fresh copy
+               of the warm cache and an empty tuning folder), against the same serving without jit_ahead:
+               what background planning and builds cost a serving request. busy-jit serves right after
+               warmup (no tune-ahead, which would wait for the other model's builds); per arm, the
+               jit_ahead events emitted during its slowest request and each full collection while serving
 With --engine-style (issue 35: a cold start ready sooner than without jit_ahead), each arm starts as an
 engine does, with weights from disk: the model is built on the GPU without initializing its weights
 (transformers' no_init_weights, as an engine skips what it overwrites next), its weights are read from a safetensors
@@ -47,6 +50,7 @@ import datetime
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -240,17 +244,22 @@ class ServingWatch:
         import gc
 
         self.gc_pauses: list[float] = []
-        self._gc_start = 0.0
+        self.gc_where: list[tuple[float, str, float]] = []
+        self._gc_start = self._started = 0.0
         self._on = False
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if not self._on or info.get("generation") != 2:
             return
+        import threading
+
         if phase == "start":
             self._gc_start = time.perf_counter()
-        else:
+        else:  # when (from the start of serving), in which thread, how long
             self.gc_pauses.append(time.perf_counter() - self._gc_start)
+            self.gc_where.append((round(self._gc_start - self._started, 3), threading.current_thread().name,
+                                  round(self.gc_pauses[-1], 3)))
 
     @staticmethod
     def _threads() -> dict[str, float]:
@@ -276,6 +285,7 @@ class ServingWatch:
 
     def start(self) -> None:
         self._threads0, self._children0, self._main0 = self._threads(), self._children(), time.thread_time()
+        self._started = time.perf_counter()
         self._on = True
 
     def stop(self) -> dict:
@@ -288,7 +298,8 @@ class ServingWatch:
                 "threads_cpu_s": {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.02},
                 "children_at_start": len(self._children0), "children_at_end": len(children),
                 "children_cpu_s": {k: v for k, v in sorted(child_cpu.items(), key=lambda kv: -kv[1]) if v >= 0.02},
-                "gc_gen2_pauses": len(self.gc_pauses), "gc_gen2_s": round(sum(self.gc_pauses), 3)}
+                "gc_gen2_pauses": len(self.gc_pauses), "gc_gen2_s": round(sum(self.gc_pauses), 3),
+                "gc_gen2_at": self.gc_where}
 
 
 def _profile_top(profiler, count: int = 30) -> list[str]:
@@ -361,8 +372,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     demo_models.warmup(model, limits, "cuda")
     torch.cuda.synchronize()
     t_warm = time.perf_counter() - T0
-    if session is not None:
-        session.mark_serving()  # with JIT_AHEAD_TUNE_AHEAD on (default) the tune-ahead runs here, in warmup
+    if session is not None:  # with JIT_AHEAD_TUNE_AHEAD on (default) the tune-ahead runs here, in warmup;
+        # busy-jit serves at once: the other model's tuning would otherwise wait here for its builds
+        session.mark_serving(tune_ahead=arm != "busy-jit")
         torch.cuda.synchronize()
     t_tuned = time.perf_counter() - T0
     counter.phase = tuning.phase = host.phase = "serving"
@@ -376,10 +388,12 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     memory0 = torch.cuda.memory_stats()
     watch.start()
     latencies, gpu_seconds, shapes = [], [], request_mix(SETS[set_name], seed)
+    began = []  # each request's wall-clock start: which of jit_ahead's events fell inside a slow one
     for i, (batch, prompt, new_tokens, padded) in enumerate(shapes):
         lengths = demo_models.prompt_lengths(batch, prompt, seed=seed + i) if padded else None
         begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
+        began.append(time.time())
         begin.record()
         demo_models.serve(model, batch, prompt, new_tokens, device="cuda", seed=i, lengths=lengths)
         finish.record()
@@ -429,6 +443,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
                       longest_wait_s=round(max((e["seconds"] for e in waits), default=0.0), 3),
                       longest_wait=max(waits, key=lambda e: e["seconds"], default={}).get("cause"),
                       guards_serving=sum(e["event"] == "guard" for e in events),
+                      worst_request_events=_events_within(events, began[worst], began[worst] + latencies[worst]),
                       builds_for_launches_serving=sum(e["event"] == "build_finish" and e["phase"] == "serving"
                                                       and e.get("helper") in ("helper-urgent", "executor")
                                                       for e in events))
@@ -455,6 +470,15 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
                       helpers=session.triton.pool.workers)
         session.close()
     return result
+
+
+def _events_within(events: list[dict], start: float, end: float) -> dict[str, int]:
+    """How many of each kind of jit_ahead event were emitted between ``start`` and ``end`` (wall clock)."""
+    counts: dict[str, int] = {}
+    for event in events:
+        if start <= event["time"] <= end:
+            counts[event["event"]] = counts.get(event["event"], 0) + 1
+    return counts
 
 
 def run_child(argv: list[str], env: dict, timeout: float, tag: str, what: dict) -> dict:
@@ -699,6 +723,7 @@ def main() -> int:
                 folders = {name: os.path.join(scratch, name) for name in ("cache", "plans", "records", "empty", "cold")}
                 for folder in folders.values():
                     os.makedirs(folder, mode=0o700)
+                folders["snapshot"] = os.path.join(scratch, "snapshot")  # made before the first busy arm
                 for arm in arms:
                     cache = {"jit-replay": folders["empty"], "plain-cold": folders["cold"]}.get(arm, folders["cache"])
                     env = dict(os.environ, TRITON_CACHE_DIR=cache, JIT_AHEAD_PLAN_DIR=folders["plans"],
@@ -717,8 +742,15 @@ def main() -> int:
                     if model in checkpoints:
                         env["ENGINE_STARTS_CHECKPOINT"] = checkpoints[model]
                         drop_from_page_cache(checkpoints[model])
-                    if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time
-                        env["JIT_AHEAD_PLAN_DIR"] = tempfile.mkdtemp(dir=scratch)
+                    if arm.startswith("busy"):  # the other model's plan and builds start from nothing each time:
+                        # a copy of the warm cache as the arms before left it (the other model's builds land
+                        # in the process's one Triton cache, and its tuning choices in the tuning folder)
+                        if not os.path.isdir(folders["snapshot"]):
+                            shutil.copytree(folders["cache"], folders["snapshot"])
+                        fresh = tempfile.mkdtemp(dir=scratch)
+                        shutil.copytree(folders["snapshot"], os.path.join(fresh, "cache"))
+                        env.update(TRITON_CACHE_DIR=os.path.join(fresh, "cache"), JIT_AHEAD_PLAN_DIR=tempfile.mkdtemp(dir=scratch),
+                                   JIT_AHEAD_TUNING_DIR=os.path.join(fresh, "tuning"))
                         env.pop("JIT_AHEAD_RECORD_DIR")
                     t0 = time.perf_counter()
                     result = run_child([__file__, "--one", model, set_name, arm, str(seed)], env, args.arm_timeout,
