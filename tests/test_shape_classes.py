@@ -301,6 +301,70 @@ def test_the_search_run_in_forked_children_picks_what_it_picks_in_this_thread(mo
     assert planned["0"] == planned["3"]
 
 
+def test_the_search_runs_in_a_process_of_its_own_not_in_the_server(monkeypatch, tmp_path):
+    """Its sampling and model fitting would hold the server's GIL, and delay the serving thread, for as long
+    as they run: the search runs in a child forked from the planning thread, whose own children sample."""
+    import os
+
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "2")
+    where = tmp_path / "pids"
+    classify_all = shape_classes.classify_all
+
+    def recording(*args, **kwargs):  # a forked child writes its pid where this process reads it
+        with open(where, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return classify_all(*args, **kwargs)
+
+    monkeypatch.setattr(shape_classes, "classify_all", recording)
+    found = shape_classes.search([shape_classes.Problem("step", (Space("prefill", 1, 8, 500, 2000),), _synthetic("step"))])
+    assert isinstance(found[0], shape_classes.Classified)
+    model = demo_models.qwen35_hybrid(hidden=256)
+    limits = EngineLimits(max_num_tokens=2048, max_batch_size=8, max_seq_len=2048, cuda_graph_batch_sizes=(1, 2))
+    planned, launches, _, _ = model_plan(model, limits)
+    assert planned and launches
+    pids = where.read_text().split()
+    assert len(pids) == 2 and str(os.getpid()) not in pids  # both searches ran, neither in this process
+
+
+def _dies_in_a_child():
+    import os
+    import signal
+
+    from jit_ahead.core import planners
+
+    if planners.in_planner():
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "answered here"
+
+
+def test_a_search_process_that_dies_leaves_the_search_to_the_planning_thread_with_one_line(monkeypatch, caplog):
+    from jit_ahead.providers import forked_planning
+
+    monkeypatch.setenv("JIT_AHEAD_PLANNERS", "2")
+    caplog.set_level(logging.WARNING, logger="jit_ahead.planning")
+    assert forked_planning.call_in_child(_dies_in_a_child, stop=lambda: False, cancelled=lambda: None) == "answered here"
+    lines = [r.getMessage() for r in caplog.records if "shape-class search's process gave no answer" in r.getMessage()]
+    assert len(lines) == 1, lines
+
+
+def test_a_search_process_is_killed_when_planning_is_cancelled():
+    import os
+    import threading
+    import time
+
+    import psutil
+
+    from jit_ahead.core import forked_calls
+
+    cancelled = threading.Event()
+    threading.Timer(0.5, cancelled.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(forked_calls.NotAnswered, match="stopped"):
+        forked_calls.call_in_child(lambda: time.sleep(60), stop=cancelled.is_set)
+    assert time.monotonic() - t0 < 10
+    assert psutil.Process(os.getpid()).children() == []  # killed and reaped
+
+
 @pytest.mark.parametrize("name", list(LIBRARY_MODELS))
 def test_the_library_providers_with_shape_classes_plan_what_they_plan_at_every_shape(name):
     """fla's GatedDeltaNet provider (prefills, padded batches in each mode, its other modules by token

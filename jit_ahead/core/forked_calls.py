@@ -27,6 +27,7 @@ from .protocol import ProtocolError, read_message, write_message
 log = logging.getLogger("jit_ahead.planning")
 
 Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,24 @@ class _Failed:
 
 
 _failing = False  # every child of a batch failed: later batches run in the calling thread
+_forks_own_calls = False  # in a process of call_in_child: its call_all forks children of its own
+
+
+class NotAnswered(RuntimeError):
+    """``call_in_child`` got no result: the child failed, died, stayed silent or was stopped."""
 
 
 def call_all(function: Callable[[Item], object], items: Sequence[Item], workers: int,
              enter: Callable[[], None] = lambda: None, timeout: float = 300.0) -> list:
     """``[function(item) for item in items]``, in up to ``workers`` forked children (the planning run's
     ``planners.planner_entry``, then ``enter``, run first in each); 0 workers, one item, a platform
-    without fork, or a planner process (forked already): in this thread. A child silent for ``timeout``
+    without fork, or a planner process (forked already; ``call_in_child``'s child aside): in this thread. A child silent for ``timeout``
     seconds is killed and its share runs here; once every child of a batch has failed, the calls of this
     process run here."""
     global _failing
     items = list(items)
     # a forked process makes its calls itself: its forks would fork again
-    forking = hasattr(os, "fork") and not _failing and not planners.in_planner()
+    forking = hasattr(os, "fork") and not _failing and (_forks_own_calls or not planners.in_planner())
     count = min(workers, len(items)) if forking else 0
     if count <= 1:
         return [function(item) for item in items]
@@ -103,10 +109,62 @@ def call_all(function: Callable[[Item], object], items: Sequence[Item], workers:
     return results
 
 
+def can_call_in_child() -> bool:
+    """Whether ``call_in_child`` forks here: not in a planner or other forked child, nor without fork."""
+    return hasattr(os, "fork") and not _failing and not planners.in_planner()
+
+
+def call_in_child(function: Callable[[], Result], enter: Callable[[], None] = lambda: None,
+                  stop: Callable[[], bool] = lambda: False, timeout: float = 900.0) -> Result:
+    """``function()`` in one child forked from this thread as a planner is (the planning run's
+    ``planners.planner_entry``, then ``enter``, run first), whose own ``call_all`` forks children of its
+    own: a long piece of Python planning work that would otherwise hold the server's GIL, and so delay
+    its serving thread, for as long as it runs. Raises NotAnswered if the child fails, dies, is silent
+    for ``timeout`` seconds, or ``stop()`` turns true while it runs (then it is killed)."""
+    entry = planners.planner_entry.get()
+
+    def run_in_child(_unused) -> Result:
+        global _forks_own_calls
+        _forks_own_calls = True
+        return function()
+
+    def enter_all() -> None:
+        entry()
+        enter()
+
+    pid, stream = _fork(run_in_child, [None], enter_all)
+    answers = None
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([stream], [], [], 0.2)
+            if ready:
+                with contextlib.suppress(ProtocolError, OSError, EOFError):
+                    answers = read_message(stream)
+                break
+            if stop():
+                raise NotAnswered("stopped")
+            if time.monotonic() > deadline:
+                raise NotAnswered(f"silent for {timeout:.0f}s")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # gone already when it answered; a zombie until reaped below
+        stream.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    if isinstance(answers, _Failed):
+        raise NotAnswered(f"{answers.error}\n{answers.where}")
+    if not isinstance(answers, list) or len(answers) != 1:
+        raise NotAnswered("it ended without an answer")
+    return answers[0]
+
+
 def _fork(function, share: list, enter: Callable[[], None]):
+    global _forks_own_calls
     read_fd, write_fd = os.pipe()
     pid = fork_quietly()
     if pid == 0:
+        _forks_own_calls = False  # a child of call_in_child's child makes its calls itself
         code = 0
         try:
             os.close(read_fd)

@@ -903,9 +903,10 @@ def classify_all(problems: list[Problem], *, seed: int, checks: int = 6, rounds:
 
 def search(problems: list[Problem], *, stop: Callable[[], bool] = lambda: False,
            workers: int | None = None) -> list[Classified | None]:
-    """``classify_all`` for a planner: a new seed each run, each round's calls spread over ``workers``
-    processes forked from this thread (default: ``JIT_AHEAD_PLANNERS``), and one log line per problem:
-    the calls chosen, or that it is planned at every shape and why (None)."""
+    """``classify_all`` for a planner: a new seed each run, in a process forked from this thread (its
+    sampling and model fitting would hold the server's GIL for seconds), each round's calls spread over
+    ``workers`` processes forked from that one (default: ``JIT_AHEAD_PLANNERS``), and one log line per
+    problem: the calls chosen, or that it is planned at every shape and why (None)."""
     from . import forked_planning
 
     def sample(item: tuple[int, Point]) -> dict[str, list]:
@@ -913,8 +914,10 @@ def search(problems: list[Problem], *, stop: Callable[[], bool] = lambda: False,
         return problems[index].sample(point)
 
     seed = random.SystemRandom().randrange(1 << 32)
-    found = classify_all(problems, seed=seed, stop=stop,
-                         sample_all=lambda items: forked_planning.call_all(sample, items, workers))
+    found = forked_planning.call_in_child(
+        lambda: classify_all(problems, seed=seed, stop=stop,
+                             sample_all=lambda items: forked_planning.call_all(sample, items, workers)),
+        stop=stop, cancelled=lambda: [Unexplained("planning was cancelled")] * len(problems))
     results: list[Classified | None] = []
     for index, (problem, outcome) in enumerate(zip(problems, found)):
         if isinstance(outcome, Unexplained):
