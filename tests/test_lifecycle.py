@@ -487,3 +487,50 @@ def test_a_hook_that_replaced_ours_without_chaining_it_does_not_keep_the_next_se
     finally:
         session.close()
         knobs.runtime.jit_cache_hook = None
+
+
+def test_a_hook_set_over_ours_while_the_session_runs_goes_below_ours_with_one_line(caplog):
+    # Another tool sets Triton's one hook slot after the session started, without calling what it
+    # replaced: jit_ahead's executor stopped seeing misses (a variant a helper was building compiled again
+    # in the server), with no message.
+    import logging
+    import os
+
+    from triton import knobs
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead.triton")
+    session = Session(triton={"workers": 0}).start()
+    theirs_saw = []
+    try:
+        def theirs(**kwargs):
+            theirs_saw.append(kwargs["fn"].name)
+
+        knobs.runtime.jit_cache_hook = theirs
+        assert knobs.runtime.jit_cache_hook is not theirs  # ours stays in the slot
+        misses = session.stats.count("executor_miss")
+        k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                           torch.empty(64, device="meta"), 64, BLOCK=8)
+        assert theirs_saw == ["add_kernel"]  # theirs is called, first
+        assert session.stats.count("executor_miss") == misses + 1  # and ours still sees the miss
+        lines = [r.getMessage() for r in caplog.records if "another tool set Triton's jit_cache_hook" in r.getMessage()]
+        assert len(lines) == 1 and "theirs" in lines[0]
+        knobs.runtime.jit_cache_hook = None  # the tool takes its hook out: from under ours
+        k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"),
+                           torch.empty(64, device="meta"), 64, BLOCK=4)
+        assert theirs_saw == ["add_kernel"] and session.stats.count("executor_miss") == misses + 2
+        knobs.runtime.jit_cache_hook = theirs
+        pid = os.fork()  # a fork (a helper, a planner) sets the slot as it likes: nothing is kept there
+        if pid == 0:
+            knobs.runtime.jit_cache_hook = None
+            os._exit(0 if knobs.runtime.jit_cache_hook is None else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+        session.close()
+        assert knobs.runtime.jit_cache_hook is theirs  # the slot is theirs when jit_ahead lets go
+        knobs.runtime.jit_cache_hook = None
+        assert knobs.runtime.jit_cache_hook is None  # a plain slot again
+    finally:
+        session.close()
+        knobs.runtime.jit_cache_hook = None
+    with knobs.runtime.scope():  # Triton's own save and restore of the knobs still holds the hook
+        knobs.runtime.jit_cache_hook = theirs
+    assert knobs.runtime.jit_cache_hook is None

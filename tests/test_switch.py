@@ -226,6 +226,22 @@ def test_a_hook_put_over_the_first_compile_arrangement_that_calls_it_neither_loo
     assert json.loads(out.stdout.strip().splitlines()[-1])[2:] == [1, 2]  # the session started and saw the miss
 
 
+def test_a_hook_set_over_the_first_compile_arrangement_without_calling_it_does_not_keep_jit_ahead_off(tmp_path):
+    # Another tool set Triton's slot after import without calling what it replaced: the first compile
+    # never reached jit_ahead, which never started, and its exit line said "no compile in this process".
+    code = FIRST_COMPILE.format(break_start=(
+        "from triton import knobs\ntheirs = []\n"
+        "def replacing(**kwargs):\n    theirs.append(kwargs['fn'].name)\n"
+        "knobs.runtime.jit_cache_hook = replacing"))
+    code += "print(json.dumps(theirs))\n"
+    env = dict(JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    out = run_raw(code, cwd=str(Path(__file__).parent.parent), **env)
+    started, theirs = out.stdout.strip().splitlines()[-2:]
+    assert json.loads(started)[2:] == [1, 2]  # the session started at the first compile and saw it
+    assert json.loads(theirs) == ["add_kernel"]  # and the tool's hook was called
+    assert len([line for line in out.stderr.splitlines() if "another tool set Triton's jit_cache_hook" in line]) == 1
+
+
 def test_a_session_started_before_triton_is_imported_says_one_line_and_does_not_wait_on_itself(tmp_path):
     # Starting the session imports Triton, whose import watcher started (or put off) a session again from
     # inside the first: with records that waited on the first's lock for ever; without, the line came twice.

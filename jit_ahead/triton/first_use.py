@@ -4,7 +4,8 @@ A process that imports Triton and never launches an uncached kernel (a tool, a t
 only reads a config) should pay nothing for jit_ahead. Until then, a small function sits in Triton's
 ``jit_cache_hook`` slot: Triton calls it on the first in-memory miss, before any lookup or compile; it puts
 the slot back, starts the session (whose own hook takes the slot, chaining what was there) and hands the
-call on to it. Imports nothing of jit_ahead's core.
+call on to it. A hook another tool sets meanwhile goes below it (``hook_slot``) and is what the slot gets
+back. Imports nothing of jit_ahead's core.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 from triton import knobs
 
-from . import compat
+from . import compat, hook_slot
 
 _lock = threading.Lock()  # concurrent first misses: one starts the session, the others wait for it
 # set while the first miss is handed on: a hook put over this one that calls it must not loop back into it
@@ -24,15 +25,19 @@ _handing_on: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_first_us
 def arm(start: Callable[[], object]) -> Callable[[], None]:
     """Call ``start()`` at Triton's first in-memory miss in this process; returns ``disarm()``, which puts
     the slot back (when the session starts some other way) and does nothing once the miss came."""
-    previous = knobs.runtime.jit_cache_hook
+    below = [hook_slot.read()]  # what was there, or what another tool set since: put back by disarm()
     # Triton 3.6 cannot serialize some launches' specializations for any hook, this one included
     compat.patch_specialization_serializer()
     fired = False
 
+    def put_below(hook) -> None:
+        if hook is not first_miss:
+            below[0] = hook
+
     def disarm() -> None:
-        if knobs.runtime.jit_cache_hook is first_miss:
-            knobs.runtime.jit_cache_hook = previous
-            if previous is None:
+        if hook_slot.read() is first_miss:
+            hook_slot.vacate(first_miss, below[0])
+            if below[0] is None:
                 compat.restore_specialization_serializer()
 
     def first_miss(**kwargs):
@@ -53,5 +58,5 @@ def arm(start: Callable[[], object]) -> Callable[[], None]:
         finally:
             _handing_on.reset(token)
 
-    knobs.runtime.jit_cache_hook = first_miss
+    hook_slot.occupy(first_miss, below=put_below)  # a tool setting the slot later cannot turn jit_ahead off
     return disarm

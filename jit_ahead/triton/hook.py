@@ -3,7 +3,8 @@
 Triton calls it on every in-memory miss, in the launching thread, before the disk lookup. In a thread
 that is capturing (a ContextVar) it records the request and returns True, which makes Triton skip both
 the compile and the launch. Everywhere else it hands the miss to the executor side and returns None:
-a real launch is never skipped. Any hook installed before ours is chained and called first.
+a real launch is never skipped. Any hook installed before ours, or set by another tool while ours holds
+the slot (``hook_slot``), is chained and called first.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from triton import knobs
 
 from ..core.executor import JitAfterReadyError
 from ..core.shared_patch import SharedPatch
-from . import compat
+from . import compat, hook_slot
 
 log = logging.getLogger("jit_ahead.triton")
 
@@ -30,22 +31,28 @@ _calling_previous: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_tr
 
 
 def _put_in_slot() -> None:
-    """Ours over whatever holds the slot (a hook put over ours that calls ours is no loop: see
-    ``_calling_previous``)."""
+    """Ours over whatever holds the slot, kept there (``hook_slot``): a hook set later goes below ours (a
+    hook that calls ours is no loop: see ``_calling_previous``)."""
     global _previous
     compat.patch_specialization_serializer()
-    current = knobs.runtime.jit_cache_hook
+    current = hook_slot.read()
     if current is not jit_cache_hook:
         _previous = current
-        knobs.runtime.jit_cache_hook = jit_cache_hook
+        hook_slot.occupy(jit_cache_hook, below=_put_below)
+
+
+def _put_below(hook) -> None:
+    """Another tool set the slot while ours held it: ours calls that hook first (None: no hook below)."""
+    global _previous
+    if hook is not jit_cache_hook:
+        _previous = hook
 
 
 def _take_out_of_slot() -> None:
-    """Give the slot back to the hook that had it; a hook installed over ours since keeps it (ours, left
-    chained below it, then only passes launches on)."""
+    """Give the slot back: to the hook below ours (the one it found, or one set while ours held it)."""
     global _previous
-    if knobs.runtime.jit_cache_hook is jit_cache_hook:
-        knobs.runtime.jit_cache_hook = _previous
+    if hook_slot.read() is jit_cache_hook:
+        hook_slot.vacate(jit_cache_hook, _previous)
         _previous = None
         compat.restore_specialization_serializer()
 
