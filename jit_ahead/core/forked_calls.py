@@ -48,9 +48,9 @@ def call_all(function: Callable[[Item], object], items: Sequence[Item], workers:
              enter: Callable[[], None] = lambda: None, timeout: float = 300.0) -> list:
     """``[function(item) for item in items]``, in up to ``workers`` forked children (the planning run's
     ``planners.planner_entry``, then ``enter``, run first in each); 0 workers, one item, a platform
-    without fork, or a planner process (forked already; ``call_in_child``'s child aside): in this thread. A child silent for ``timeout``
-    seconds is killed and its share runs here; once every child of a batch has failed, the calls of this
-    process run here."""
+    without fork, or a planner process (forked already; ``call_in_child``'s child aside): in this thread.
+    A child silent for ``timeout`` seconds is killed and its share runs here; once every child of a batch
+    has failed, the calls of this process run here."""
     global _failing
     items = list(items)
     # a forked process makes its calls itself: its forks would fork again
