@@ -55,6 +55,18 @@ def wait_settled(tickets, timeout=300.0) -> None:
     assert all(t.state is State.DONE for t in tickets), [(t.request.label, t.state, t.result) for t in tickets]
 
 
+def compiled_once_in_a_session(rows: int, splits: int) -> list[dict]:
+    """``split_row_sums(rows, splits)`` called once in a session without helpers: the events it saw."""
+    session = tilelang_session(workers=0)
+    events = []
+    session.stats.subscribe(events.append)
+    try:
+        assert split_row_sums(rows, splits) is not None
+    finally:
+        session.close()
+    return events
+
+
 def clear_memory_caches() -> None:
     from tilelang.cache import _dispatch_map
 
@@ -387,13 +399,7 @@ def test_a_wrapper_another_tool_put_over_ours_between_two_sessions_does_not_loop
 
 def test_with_tilelangs_cache_off_a_compile_is_left_to_tilelang_once(monkeypatch):
     monkeypatch.setenv("TILELANG_DISABLE_CACHE", "1")
-    session = tilelang_session(workers=0)
-    events = []
-    session.stats.subscribe(events.append)
-    try:
-        assert split_row_sums(96, 3) is not None
-    finally:
-        session.close()
+    events = compiled_once_in_a_session(96, 3)
     assert not [e for e in events if e["event"] in ("build_finish", "executor_miss")], events
 
 
@@ -412,3 +418,47 @@ def test_the_token_count_provider_takes_calls_whose_arguments_are_lists():
     launches = list(ListArguments().launches([object()], EngineLimits(max_num_tokens=64, max_batch_size=4,
                                                                        max_seq_len=64)))
     assert len(launches) == 2
+
+
+def _damage(request, fault: str) -> None:
+    path = build.entry_path(request)
+    if fault == "cut":  # the kernel library cut short: TileLang's manifest says another size
+        library = os.path.join(path, next(f for f in os.listdir(path) if f.endswith(".so")))
+        with open(library, "r+b") as f:
+            f.truncate(os.path.getsize(library) // 2)
+    else:  # a file of a complete entry missing
+        os.remove(os.path.join(path, "params.json"))
+
+
+@pytest.mark.parametrize("fault", ["cut", "missing"])
+def test_a_damaged_entry_is_one_line_removed_and_built_again_by_a_helper(fault, caplog):
+    # Before: the manifest alone made an entry "built": nothing was queued for it, and TileLang threw it
+    # away at the server's compile and compiled there.
+    import logging
+
+    request = plan_call(split_row_sums, 448, 7)
+    build.build(request)
+    assert build.is_built(request)
+    _damage(request, fault)
+    caplog.set_level(logging.WARNING, logger="jit_ahead.tilelang")
+    session = tilelang_session(workers=1)
+    try:
+        tickets = session.tilelang.submit([request], Priority.WARMUP)
+        assert len(tickets) == 1
+        wait_settled(tickets)
+        assert tickets[0].result.builder == "helper-0"
+    finally:
+        session.close()
+    assert build.is_built(request) and entries() == [request.key]
+    lines = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(lines) == 1 and request.key in lines[0], lines
+
+
+def test_a_damaged_entry_met_at_the_servers_compile_is_built_again_not_taken_for_one_on_disk():
+    request = plan_call(split_row_sums, 320, 6)
+    build.build(request)
+    _damage(request, "cut")
+    clear_memory_caches()
+    (miss,) = [e for e in compiled_once_in_a_session(320, 6) if e["event"] == "executor_miss"]
+    assert miss["outcome"] == "built_here"  # before: "disk", and TileLang compiled it again unseen
+    assert build.is_built(request)

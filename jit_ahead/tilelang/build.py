@@ -5,12 +5,17 @@ computed again here first, by this helper's TileLang: a different one (another T
 or environment) refuses the build, which would give the server nothing it looks for."""
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import time
+import uuid
 
 from .request import TileLangCompileRequest
 
 CACHE_KNOB = "TILELANG_CACHE_DIR"
+
+log = logging.getLogger("jit_ahead.tilelang")
 
 
 class KeyMismatch(RuntimeError):
@@ -37,20 +42,61 @@ def entry_path(request: TileLangCompileRequest) -> str:
 
 
 def is_built(request: TileLangCompileRequest) -> bool:
-    return os.path.isfile(os.path.join(entry_path(request), "manifest.json"))
+    """Whether the request's entry is there and whole by TileLang's own checks. A damaged one (a file
+    missing, or one that differs from its manifest's size or hash) is one line and is removed, so that it
+    is built again: TileLang would otherwise find it at the server's compile, and compile there."""
+    path = entry_path(request)
+    if not os.path.isdir(path):
+        return False
+    why = damage(request, path)
+    if why is None:
+        return True
+    _remove(path)
+    log.warning("TileLang cache entry %s (%s) is damaged (%s); removed, it is built again", path, request.label, why)
+    return False
+
+
+def damage(request: TileLangCompileRequest, path: str) -> str | None:
+    """Why the entry at ``path`` is not one TileLang loads: its checks of a complete entry (the files its
+    backend writes) and of the manifest (each file's size, the binaries' hashes), or None."""
+    cache = _cache_of(request)
+    missing = cache._get_missing_complete_cache_files(path)
+    if missing:
+        return "without " + ", ".join(sorted(os.path.basename(f) for f in missing))
+    verify = getattr(cache, "_verify_cache_dir_integrity", None)  # TileLang's manifest check, where it has one
+    if verify is not None and not verify(path):
+        return "its files differ from its manifest"
+    return None
+
+
+def _cache_of(request: TileLangCompileRequest):
+    """The KernelCache TileLang uses for the request's target and backend (the file names are its)."""
+    from tilelang.cache import _resolve_cache_dispatch
+
+    arguments = request.cached_arguments()
+    cache, _, _ = _resolve_cache_dispatch(arguments["target"], arguments["target_host"], request.execution_backend, False)
+    return cache
+
+
+def _remove(path: str) -> None:
+    """Out of TileLang's way at once (renamed aside: a reader sees no entry), then deleted."""
+    aside = f"{path}.damaged-{uuid.uuid4().hex}"
+    try:
+        os.rename(path, aside)
+    except OSError:
+        aside = path
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def build(request: TileLangCompileRequest) -> dict:
     import tvm
-    from tilelang.cache import _resolve_cache_dispatch
 
     from .hook import cached_unhooked
     from .request import request_for
 
     func = tvm.ir.load_json(request.func_json)
     arguments = request.cached_arguments()
-    cache, _, _ = _resolve_cache_dispatch(arguments["target"], arguments["target_host"],
-                                          request.execution_backend, False)  # TileLang's own choice
+    cache = _cache_of(request)  # TileLang's own choice
     out_idx = list(request.out_idx) if isinstance(request.out_idx, tuple) else request.out_idx
     again = request_for(cache, func, out_idx, request.args, backend_context=None, **arguments)
     if again.key != request.key:
@@ -58,6 +104,9 @@ def build(request: TileLangCompileRequest) -> dict:
                           f"{request.key[:12]} (another TileLang version, platform or environment); not built")
     if is_built(request):
         return {"built": False, "path": entry_path(request)}
+    # A helper forked from the server holds the server's in-memory kernels: one of them, here, would be
+    # returned as it is, and nothing written for an entry that was damaged or removed since.
+    cache._memory_cache.pop(request.key, None)
     cached_unhooked(cache, func, out_idx, *request.args, verbose=False, **arguments)
     if not is_built(request):
         raise KeyMismatch(f"{request.label}: TileLang compiled it but wrote no entry at {entry_path(request)}")
