@@ -255,6 +255,18 @@ def test_a_record_that_is_not_text_is_one_line_and_the_others_are_read(tmp_path,
     assert [r for r in caplog.records if str(damaged) in r.getMessage() and "not UTF-8" in r.getMessage()]
 
 
+def test_a_record_larger_than_any_record_is_one_line_and_not_read(tmp_path, caplog):
+    from jit_ahead.core import records
+
+    caplog.set_level(logging.WARNING, logger="jit_ahead")
+    fmt, good, huge = one_record_and_another_ranks_path(tmp_path, 96)
+    with open(huge, "wb") as f:  # a header line, then a hole the size of the cap: sparse, no disk used
+        f.write(json.dumps({"jit_ahead_record": 1}).encode() + b"\n")
+        f.truncate(records.MAX_RECORD_BYTES + 1)
+    assert RecordFolder(tmp_path, fmt).read() == [good]
+    assert [r for r in caplog.records if str(huge) in r.getMessage() and "more than any record" in r.getMessage()]
+
+
 def test_autotune_choices_made_on_another_gpu_model_are_not_read(tmp_path, caplog):
     # timings from one GPU model say nothing about another: the header names the GPU
     from jit_ahead.triton import autotune

@@ -37,6 +37,11 @@ _FILE_NAME = re.compile(r"[0-9a-f]{16}-rank\d+\.jsonl")  # after "{family}-"
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
+# A record holds one line per distinct variant or choice a deployment met: far below this. A larger file is
+# not ours (or damaged) and is not read into the server's memory.
+MAX_RECORD_BYTES = 256 << 20
+
+
 def rank_tag(environ=os.environ) -> str:
     for name in _RANK_VARS:
         value = environ.get(name, "").strip()
@@ -130,9 +135,14 @@ class RecordFolder:
     def _read_file(self, path: Path) -> list:
         try:
             with open_regular(path) as f:
-                why = unsafe_because(path, os.fstat(f.fileno()))
+                info = os.fstat(f.fileno())
+                why = unsafe_because(path, info)
                 if why:
                     log.error("record %s is %s; replay imports the modules it names, so it is ignored", path, why)
+                    return []
+                if info.st_size > MAX_RECORD_BYTES:  # read whole into the server's memory otherwise
+                    log.error("record %s is %d bytes, more than any record (%d); ignored", path, info.st_size,
+                              MAX_RECORD_BYTES)
                     return []
                 lines = f.read().splitlines()
         except OSError as exc:
