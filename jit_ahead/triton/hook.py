@@ -12,8 +12,6 @@ import contextvars
 import logging
 from collections.abc import Callable
 
-from triton import knobs
-
 from ..core.executor import JitAfterReadyError
 from ..core.shared_patch import SharedPatch
 from . import compat, hook_slot
