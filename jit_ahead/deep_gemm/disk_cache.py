@@ -10,6 +10,7 @@ midway leaves only its private folder under ``tmp/``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..core import cuda_elf
+from ..core.cache_entries import remove_entry
 
 log = logging.getLogger("jit_ahead.deep_gemm")
 
@@ -97,14 +99,11 @@ def find(roots: list[Path], kernel_name: str, key: str) -> Path | None:
 
 
 def _remove(entry: Path) -> None:
-    """Out of readers' way at once (renamed aside, a reader sees no entry), then deleted."""
+    """Out of readers' way at once (renamed aside into ``tmp/``, a reader sees no entry), then deleted."""
     aside = entry.parent.parent / "tmp" / f"damaged-{uuid.uuid4().hex}"
-    try:
+    with contextlib.suppress(OSError):  # no tmp/: removed where it is
         aside.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(entry, aside)
-    except OSError:
-        aside = entry
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_entry(entry, aside)
 
 
 def _sync(path: Path) -> None:

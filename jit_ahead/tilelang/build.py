@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 import uuid
 
+from ..core.cache_entries import remove_entry
 from .request import TileLangCompileRequest
 
 CACHE_KNOB = "TILELANG_CACHE_DIR"
@@ -41,25 +41,25 @@ def entry_path(request: TileLangCompileRequest) -> str:
     return os.path.join(entry_root(), request.key)
 
 
-def is_built(request: TileLangCompileRequest) -> bool:
-    """Whether the request's entry is there and whole by TileLang's own checks. A damaged one (a file
-    missing, or one that differs from its manifest's size or hash) is one line and is removed, so that it
-    is built again: TileLang would otherwise find it at the server's compile, and compile there."""
+def is_built(request: TileLangCompileRequest, cache=None) -> bool:
+    """Whether the request's entry is there and whole by TileLang's own checks (those of ``cache``, the
+    request's KernelCache, resolved here if not given). A damaged one (a file missing, or one that differs
+    from its manifest's size or hash) is one line and is removed, so that it is built again: TileLang would
+    otherwise find it at the server's compile, and compile there."""
     path = entry_path(request)
     if not os.path.isdir(path):
         return False
-    why = damage(request, path)
+    why = damage(cache if cache is not None else _cache_of(request), path)
     if why is None:
         return True
-    _remove(path)
+    remove_entry(path, f"{path}.damaged-{uuid.uuid4().hex}")
     log.warning("TileLang cache entry %s (%s) is damaged (%s); removed, it is built again", path, request.label, why)
     return False
 
 
-def damage(request: TileLangCompileRequest, path: str) -> str | None:
-    """Why the entry at ``path`` is not one TileLang loads: its checks of a complete entry (the files its
-    backend writes) and of the manifest (each file's size, the binaries' hashes), or None."""
-    cache = _cache_of(request)
+def damage(cache, path: str) -> str | None:
+    """Why the entry at ``path`` is not one TileLang's ``cache`` loads: its checks of a complete entry (the
+    files its backend writes) and of the manifest (each file's size, the binaries' hashes), or None."""
     missing = cache._get_missing_complete_cache_files(path)
     if missing:
         return "without " + ", ".join(sorted(os.path.basename(f) for f in missing))
@@ -78,16 +78,6 @@ def _cache_of(request: TileLangCompileRequest):
     return cache
 
 
-def _remove(path: str) -> None:
-    """Out of TileLang's way at once (renamed aside: a reader sees no entry), then deleted."""
-    aside = f"{path}.damaged-{uuid.uuid4().hex}"
-    try:
-        os.rename(path, aside)
-    except OSError:
-        aside = path
-    shutil.rmtree(aside, ignore_errors=True)
-
-
 def build(request: TileLangCompileRequest) -> dict:
     import tvm
 
@@ -102,12 +92,12 @@ def build(request: TileLangCompileRequest) -> dict:
     if again.key != request.key:
         raise KeyMismatch(f"{request.label}: this TileLang keys it {again.key[:12]}, the server's "
                           f"{request.key[:12]} (another TileLang version, platform or environment); not built")
-    if is_built(request):
+    if is_built(request, cache):
         return {"built": False, "path": entry_path(request)}
     # A helper forked from the server holds the server's in-memory kernels: one of them, here, would be
     # returned as it is, and nothing written for an entry that was damaged or removed since.
     cache._memory_cache.pop(request.key, None)
     cached_unhooked(cache, func, out_idx, *request.args, verbose=False, **arguments)
-    if not is_built(request):
+    if not is_built(request, cache):
         raise KeyMismatch(f"{request.label}: TileLang compiled it but wrote no entry at {entry_path(request)}")
     return {"built": True, "path": entry_path(request)}

@@ -47,18 +47,18 @@ class TileLangExecutor(ExecutorBase):
         if request.execution_backend not in CACHED_BACKENDS or request.key in cache._memory_cache:
             return in_place()  # a backend TileLang keeps no disk cache for, or a kernel it holds in memory
         try:
-            return self._on_compile(request, in_place)
+            return self._on_compile(request, cache, in_place)
         except JitAfterReadyError:
             raise
         except Exception as exc:
             refuse_fallback_if_strict(self.guard, self.stats.phase, request.label, exc)
             raise
 
-    def _on_compile(self, request, in_place):
+    def _on_compile(self, request, cache, in_place):
         t0 = time.perf_counter()
         if self.recorder is not None:
             self.recorder(request)
-        if build.is_built(request):
+        if build.is_built(request, cache):
             outcome, waited = "disk", 0.0
         else:
             if self.guarding() and not self.building_ahead(request.key):

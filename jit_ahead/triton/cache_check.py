@@ -29,13 +29,13 @@ import enum
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 import time
 import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
+from ..core.cache_entries import remove_entry
 from ..core.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 
@@ -202,11 +202,4 @@ def remove(predicted_hash: str) -> None:
         return
     for key in [k for k in list(_sound) if k[0] == folder]:
         _sound.pop(key, None)
-    aside = f"{folder}.damaged.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    try:
-        os.rename(folder, aside)
-    except FileNotFoundError:
-        return  # another process moved it first
-    except OSError:  # cannot move it aside: remove it where it is
-        aside = folder
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_entry(folder, f"{folder}.damaged.{os.getpid()}.{uuid.uuid4().hex[:8]}")

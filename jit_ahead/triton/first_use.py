@@ -25,19 +25,20 @@ _handing_on: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_first_us
 def arm(start: Callable[[], object]) -> Callable[[], None]:
     """Call ``start()`` at Triton's first in-memory miss in this process; returns ``disarm()``, which puts
     the slot back (when the session starts some other way) and does nothing once the miss came."""
-    below = [hook_slot.read()]  # what was there, or what another tool set since: put back by disarm()
+    below = hook_slot.read()  # what was there, or what another tool set since: put back by disarm()
     # Triton 3.6 cannot serialize some launches' specializations for any hook, this one included
     compat.patch_specialization_serializer()
     fired = False
 
     def put_below(hook) -> None:
+        nonlocal below
         if hook is not first_miss:
-            below[0] = hook
+            below = hook
 
     def disarm() -> None:
         if hook_slot.read() is first_miss:
-            hook_slot.vacate(first_miss, below[0])
-            if below[0] is None:
+            hook_slot.vacate(first_miss, below)
+            if below is None:
                 compat.restore_specialization_serializer()
 
     def first_miss(**kwargs):

@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -252,8 +253,6 @@ class ServingWatch:
     def _on_gc(self, phase: str, info: dict) -> None:
         if not self._on or info.get("generation") != 2:
             return
-        import threading
-
         if phase == "start":
             self._gc_start = time.perf_counter()
         else:  # when (from the start of serving), in which thread, how long
@@ -263,8 +262,6 @@ class ServingWatch:
 
     @staticmethod
     def _threads() -> dict[str, float]:
-        import threading
-
         import psutil
 
         names = {t.native_id: t.name for t in threading.enumerate()}
