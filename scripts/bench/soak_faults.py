@@ -134,7 +134,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="jit_ahead_soak_"))
     plans, cache = work / "plans", work / "cache"
     plans.mkdir(mode=0o700)
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), JIT_AHEAD_PLAN_DIR=str(plans), PYTHONPATH=str(REPO))
+    # the soak's own tuning folder: choices its stand-in benchmarks make must not land in the user's default one
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), JIT_AHEAD_PLAN_DIR=str(plans),
+               JIT_AHEAD_TUNING_DIR=str(work / "tuning"), PYTHONPATH=str(REPO))
     rows, failed = [], 0
     for index in range(args.starts):
         fault = "none" if index == 0 else rng.choice(FAULTS)
