@@ -92,12 +92,11 @@ def test_a_second_start_replays_the_first_ones_variants_and_compiles_nothing(tmp
     second = serve_once(tmp_path, 2, records)  # an empty cache again
     (replay,) = [e for e in second if e["event"] == "replay"]
     assert replay["variants"] == len(launched) == replay["queued"]
-    # every autotuner's choice is kept: the variants of configs it only benchmarked come last (SPARE, which
-    # wait_ready(REPLAY) does not wait for)
-    benchmark_only = {e["hash"] for e in entries if e.get("benchmark_only")}
-    assert benchmark_only and replay["benchmark_only"] == len(benchmark_only)
+    # the autotuner 'chose' on the stand-in, which times nothing: no config counts as only benchmarked, every
+    # one is replayed as needed (with a real benchmark, see the next test, the others come last as SPARE)
+    assert not [e for e in entries if e.get("benchmark_only")] and replay["benchmark_only"] == 0
     replayed_builds = [e for e in second if e["event"] == "build_start" and e["priority"] == "REPLAY"]
-    assert {e["key"] for e in replayed_builds} == launched - benchmark_only
+    assert {e["key"] for e in replayed_builds} == launched
     assert executor_compiles(second) == []
     assert {e["outcome"] for e in second if e["event"] == "executor_miss"} == {"disk"}
     assert len(record.read_text().splitlines()) == 1 + len(launched)  # nothing recorded twice
@@ -158,6 +157,56 @@ def test_without_records_a_choice_made_after_ready_is_kept_and_the_next_start_be
     monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", "0")
     *_, third = serve_once(tmp_path, 3, None, TUNING_AFTER_READY)
     assert third["benchmarked"] == 6
+
+
+# An autotuner with Triton's own benchmarker, launched while serving on the stand-in driver (no GPU), then
+# planned again in the same process.
+BLIND_SERVER = """
+import json, os, pathlib
+import triton
+import torch
+import jit_ahead
+from jit_ahead.triton.standin import ensure_driver
+ensure_driver()
+from tests.kernels import basic as k
+
+session = jit_ahead.current()
+session.mark_serving(tune_ahead=False)
+x = torch.empty(4096, device="meta", dtype=torch.float16)
+k.tuned_copy_kernel[(4,)](x, x, 4096)  # 'benchmarks' its three configs on the stand-in
+with session.triton.capture() as plan:
+    k.tuned_copy_kernel[(4,)](x, x, 4096)
+timings = list(pathlib.Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.autotune.json"))
+print("RESULT", json.dumps({"planned": len(plan.requests), "timings_files": len(timings)}))
+"""
+
+
+def test_a_choice_made_on_the_stand_in_driver_is_neither_kept_nor_planned_from(tmp_path, monkeypatch):
+    # Before, the stand-in's equal timings made the first config "the choice": it was kept as a real GPU's
+    # (the tuning folder and Triton's timings file), and every later plan on this machine asked for that
+    # config only (the demo planned 128 GatedDeltaNet variants instead of 400).
+    monkeypatch.delenv("JIT_AHEAD_RECORD_DIR", raising=False)
+    tuning = tmp_path / "tuning"
+    monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", str(tuning))
+    for run in (1, 2):
+        *events, result = serve_once(tmp_path, run, None, BLIND_SERVER)
+        assert result == {"planned": 3, "timings_files": 0}
+        assert not [e for e in events if e["event"] == "replay_autotune"]
+    kept = [line for f in tuning.glob("triton-autotune-*.jsonl") for line in f.read_text().splitlines()[1:]]
+    assert kept == []
+
+
+def test_without_a_session_triton_stores_no_timings_from_the_stand_in(triton_cache):
+    tuner = k.tuned_copy_kernel
+    x = torch.empty(4096, device="meta", dtype=torch.float16)
+    tuner.cache.clear()
+    tuner.cache_results = True  # as a library that stores its choices in Triton's cache
+    try:
+        tuner[(4,)](x, x, 2048)
+    finally:
+        tuner.cache_results = False
+        tuner.cache.clear()
+    assert triton_cache.is_dir() and not list(triton_cache.rglob("*.autotune.json"))
 
 
 def test_a_recorded_choice_for_changed_source_or_configs_is_not_used():

@@ -14,6 +14,10 @@ Every autotuner's choices are kept (``keep_every_choice``): while a session keep
 that does (``cache_results``), so that Triton asks ``check_disk_cache``; Triton then stores its timings in
 its own cache too. A choice is used only if the kernel's source (``JITFunction.cache_key``), the tuning
 key and the pruned configs are what was recorded. No kernel module is imported to apply one.
+
+No choice an autotuner makes on the stand-in driver is kept (``refuse_blind_choices``): its benchmarker
+gives every config the same time, so Triton's ``min`` picks the first config. Such an autotuner runs every
+config as on a GPU, and neither Triton's timings file nor a record nor a later plan takes its "choice".
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from ..core.processes import fork_safe_lock
 from ..core.records import RecordFormat, is_dotted_name
 from .record import header as triton_header
 from .compile_inputs import unwrap_jit_function
+from .standin import times_nothing
 
 log = logging.getLogger("jit_ahead.triton.autotune")
 
@@ -208,21 +213,33 @@ def benchmark_in_progress() -> Benchmark | None:
     return _benchmark.get()
 
 
+def chooses_blindly(autotuner: Autotuner) -> bool:
+    """Whether ``autotuner`` times its configs with the stand-in driver's benchmarker. Triton fixes an
+    autotuner's benchmarker at its first use (a cached property of the driver active then)."""
+    return times_nothing(autotuner.do_bench)
+
+
 def _check_disk_cache_with_records(self, tuning_key, configs, bench_fn):
     known = KNOWN.config_for(self, tuning_key, configs)
     if known is not None:  # as if Triton had found the timings in its cache
         self.cache[tuning_key] = known
         return True
+    blind = chooses_blindly(self)
     benchmark = Benchmark()
     token = _benchmark.set(benchmark)
     try:
-        used_cached = _original_check_disk_cache(self, tuning_key, configs, bench_fn)
+        if blind:  # every config runs; Triton's timings file is neither read (it may hold a blind choice of
+            bench_fn()  # an earlier version) nor written
+            used_cached = False
+        else:
+            used_cached = _original_check_disk_cache(self, tuning_key, configs, bench_fn)
     finally:
         _benchmark.reset(token)
     recorder = _recorder
     if recorder is not None:
         try:
-            recorder(choice_of(self, tuning_key, configs) if _storable(configs) else None, benchmark.launched)
+            kept = _storable(configs) and not blind
+            recorder(choice_of(self, tuning_key, configs) if kept else None, benchmark.launched)
         except Exception:  # recording must never break a launch
             log.exception("recording the autotune choice of %s failed", getattr(self, "base_fn", self))
     return used_cached
@@ -246,13 +263,33 @@ def _patch_bench() -> None:
     Autotuner._bench = _bench_naming_the_config if (_recorder or _bench_listener) else _original_bench
 
 
+def _patch_check_disk_cache() -> None:
+    """``Autotuner.check_disk_cache`` is ours while a recorder needs it or once a stand-in was installed
+    (called with _lock held)."""
+    ours = _recorder is not None or _refusing_blind_choices
+    Autotuner.check_disk_cache = _check_disk_cache_with_records if ours else _original_check_disk_cache
+
+
+_refusing_blind_choices = False
+
+
+def refuse_blind_choices() -> None:
+    """From now on in this process, no choice made with the stand-in's benchmarker is stored in Triton's
+    cache (whose timings files a GPU server with the same target would read). Called when the stand-in
+    driver is installed; it stays, as autotuners keep the benchmarker they first used."""
+    global _refusing_blind_choices
+    with _lock:
+        _refusing_blind_choices = True
+        _patch_check_disk_cache()
+
+
 def install_recorder(recorder: ChoiceRecorder) -> None:
-    """``recorder(choice, launched)`` after every check_disk_cache: the choice (None if not storable) and
-    the (variant, config) pairs the benchmark launched first."""
+    """``recorder(choice, launched)`` after every check_disk_cache: the choice (None if not storable or made
+    on the stand-in) and the (variant, config) pairs the benchmark launched first."""
     global _recorder
     with _lock:
         _recorder = recorder
-        Autotuner.check_disk_cache = _check_disk_cache_with_records
+        _patch_check_disk_cache()
         _patch_bench()
 
 
@@ -261,7 +298,7 @@ def remove_recorder(recorder: ChoiceRecorder) -> None:
     with _lock:
         if _recorder == recorder:
             _recorder = None
-            Autotuner.check_disk_cache = _original_check_disk_cache
+            _patch_check_disk_cache()
             _patch_bench()
 
 

@@ -214,7 +214,8 @@ def _capturing_autotuner_run(self, *args, **kwargs):
         if plan.seen_autotune(fixed):
             return None
     probe = copy.copy(self)  # Triton's own run() on a private copy whose cache answers from the real one
-    probe.cache = _ChoicesOf(self.cache)
+    # a choice made on the stand-in is no choice: plan every config (recorded ones still answer, below)
+    probe.cache = _ChoicesOf({} if autotune.chooses_blindly(self) else self.cache)
     try:
         return _original_autotuner_run(probe, *args, **kwargs)
     except _NoChoiceYet as missing:

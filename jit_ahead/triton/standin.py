@@ -104,6 +104,11 @@ def _launch_once(kernel_call, warmup=25, rep=100, grad_to_none=None, quantiles=N
     return [1.0] * len(quantiles) if quantiles else 1.0
 
 
+def times_nothing(benchmarker) -> bool:
+    """Whether ``benchmarker`` is the stand-in's: a choice made with it is the first config's, not a GPU's."""
+    return benchmarker is _launch_once
+
+
 def parse_target(text: str) -> GPUTarget:
     """``cuda:90`` or ``cuda:90:32`` (backend, compute capability, warp size). Only CUDA targets: the
     stand-in driver and the builders know no other backend."""
@@ -144,6 +149,9 @@ def real_driver_available() -> bool:
 def install_stand_in(view: DeviceView) -> "_Replaced":
     """Show this process ``view``'s GPU: torch's device queries and a stand-in Triton driver. Returns what
     it replaced; :func:`_put_back` undoes it."""
+    from . import autotune
+
+    autotune.refuse_blind_choices()  # before any autotuner can benchmark on it
     driver = triton.runtime.driver
     replaced = _Replaced(driver._active, device_view.install(view))
     driver.set_active(StandInDriver(GPUTarget(*target_of(view)), properties_of(view)))
