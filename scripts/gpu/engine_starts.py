@@ -332,7 +332,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     events: list[dict] = []
     session = None
     profiler = None
-    if os.environ.get("ENGINE_STARTS_PROFILE") == "1":  # where the time up to the built model goes
+    profile_to = os.environ.get("ENGINE_STARTS_PROFILE")  # "1": up to the built model; "serving": up to serving
+    if profile_to in ("1", "serving"):  # where the start's time goes
         import cProfile
 
         profiler = cProfile.Profile()
@@ -355,7 +356,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
             run = session.plan_model(model, limits)
         loaded = load_weights(model, checkpoint)
     t_model = time.perf_counter() - T0
-    profile_top = _profile_top(profiler) if profiler is not None else None
+    profile_top = _profile_top(profiler) if profiler is not None and profile_to == "1" else None
     if arm == "busy-jit":  # background work for the whole serving time: another model, planned and built
         busy_model, busy_set = BUSY_MODEL
         run = session.plan_model(build(busy_model, "meta"), EngineLimits(**SETS[busy_set]))
@@ -374,6 +375,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         session.mark_serving(tune_ahead=arm != "busy-jit")
         torch.cuda.synchronize()
     t_tuned = time.perf_counter() - T0
+    if profiler is not None and profile_to == "serving":
+        profile_top = _profile_top(profiler, count=45)
     counter.phase = tuning.phase = host.phase = "serving"
     watch = ServingWatch()
     serving_profiler = None
@@ -671,6 +674,9 @@ def main() -> int:
                              "jit arms ready at WARMUP (see above)")
     parser.add_argument("--profile-start", action="store_true",
                         help="profile each arm's main thread up to the built model (start_profile in the json)")
+    parser.add_argument("--profile-to-serving", action="store_true",
+                        help="cProfile each arm from its start to its first request (ready, warmup and tune-ahead "
+                             "included), kept as start_profile")
     parser.add_argument("--profile-serving", action="store_true",
                         help="profile each arm's serving of the request mix (serving_profile in the json)")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
@@ -726,8 +732,8 @@ def main() -> int:
                     env = dict(os.environ, TRITON_CACHE_DIR=cache, JIT_AHEAD_PLAN_DIR=folders["plans"],
                                JIT_AHEAD_RECORD_DIR=folders["records"],
                                JIT_AHEAD_TUNING_DIR=os.path.join(scratch, "tuning"))  # never the machine's own
-                    if args.profile_start:
-                        env["ENGINE_STARTS_PROFILE"] = "1"
+                    if args.profile_start or args.profile_to_serving:
+                        env["ENGINE_STARTS_PROFILE"] = "serving" if args.profile_to_serving else "1"
                     if args.profile_serving:
                         env["ENGINE_STARTS_PROFILE_SERVING"] = "1"
                     if arm.endswith("-norecords"):  # the same arm with recording and replay off
