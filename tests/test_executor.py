@@ -414,6 +414,120 @@ def test_an_entry_found_sound_is_not_read_again_until_one_of_its_files_changes(s
     assert check() is cache_check.Entry.DAMAGED
 
 
+CHECK_IN_NEW_PROCESS = """
+import json, sys
+from jit_ahead.triton import cache_check
+read = []
+original = cache_check._digest
+cache_check._digest = lambda path: read.append(path) or original(path)
+entry, why = cache_check.check(sys.argv[1], sys.argv[2], 90)
+cache_check.save_checked()
+print("CHECKED", json.dumps([entry.value, why, len(read)]))
+"""
+
+
+def check_in_new_process(request) -> tuple[str, str, int]:
+    """The entry's full check in a fresh process on this cache: (outcome, why, files hashed); it then
+    keeps what it found sound, as a session does."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run([sys.executable, "-c", CHECK_IN_NEW_PROCESS, request.predicted_hash, request.name],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("CHECKED "))
+    return tuple(json.loads(line[8:])), proc.stderr
+
+
+def test_what_one_process_found_sound_the_next_checks_without_reading_it(session_factory, triton_cache):
+    # A warm start at the large limits read and hashed every file of its 1,172 planned entries when it read
+    # the saved plan (0.49 s on an H100 host), though the start before had found each of them sound.
+    import json
+    import os
+    import time
+
+    from jit_ahead.triton import cache_check
+
+    with capture() as planned:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=256)
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=512)
+    first, second = planned.requests
+    session = session_factory(workers=1)
+    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    folders = [cache_check.folder_of(r.predicted_hash) for r in planned.requests]
+    aged = time.time() - 60  # settled: file times advance in coarse steps
+    for folder in folders:
+        for name in os.listdir(folder):
+            os.utime(os.path.join(folder, name), (aged, aged))
+    session.triton.submit(planned.requests, Priority.WARMUP)  # as a warm start reads its saved plan
+    kept = triton_cache / cache_check.CHECKED
+    assert len(json.loads(kept.read_text())["entries"]) == 2
+    (outcome, _, hashed), _ = check_in_new_process(first)
+    assert (outcome, hashed) == ("ok", 0)  # a few stat calls, no file read
+    # a file that changed since (its size, time or inode) is checked in full, and damage is found
+    cubin = os.path.join(folders[0], "add_kernel.cubin")
+    data = bytearray(open(cubin, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    with open(cubin, "r+b") as f:
+        f.write(bytes(data))
+    (outcome, why, hashed), _ = check_in_new_process(first)
+    assert outcome == "damaged" and "SHA-256" in why and hashed
+    # an entry removed (here by hand) is dropped from the kept list at the next save
+    import shutil
+
+    shutil.rmtree(folders[0])
+    (outcome, _, hashed), _ = check_in_new_process(second)
+    assert (outcome, hashed) == ("ok", 0)
+    session.triton.submit([second], Priority.WARMUP)  # nothing new found sound: the file is as it was
+    cache_check._unsaved.add(str(triton_cache))
+    cache_check.save_checked()
+    assert [e[0] for e in json.loads(kept.read_text())["entries"]] == [os.path.basename(folders[1])]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other shape", "huge", "a folder"])
+def test_a_damaged_list_of_checked_entries_is_named_once_ignored_and_written_again(session_factory, triton_cache,
+                                                                                  damage):
+    import json
+    import os
+    import time
+
+    from jit_ahead.triton import cache_check
+
+    with capture() as planned:
+        k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=256)
+    (request,) = planned.requests
+    session = session_factory(workers=1)
+    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    folder = cache_check.folder_of(request.predicted_hash)
+    aged = time.time() - 60
+    for name in os.listdir(folder):
+        os.utime(os.path.join(folder, name), (aged, aged))
+    kept = triton_cache / cache_check.CHECKED
+    if damage == "garbage":
+        kept.write_bytes(b"\xff\xfe not json")
+    elif damage == "other shape":
+        kept.write_text(json.dumps({"jit_ahead_checked": 1, "entries": [["../x", 1, 2, 3]]}))
+    elif damage == "huge":
+        with open(kept, "wb") as f:  # sparse: no disk used
+            f.truncate(cache_check.MAX_CHECKED_BYTES + 1)
+    else:  # neither read nor replaced: the save fails, quietly, and the start goes on
+        kept.mkdir()
+    (outcome, _, hashed), stderr = check_in_new_process(request)
+    assert outcome == "ok" and hashed  # checked in full
+    lines = [l for l in stderr.splitlines() if str(kept) in l]
+    assert len(lines) == 1 and ("cannot be read" if damage == "a folder" else "damaged") in lines[0], stderr[-2000:]
+    if damage == "a folder":
+        assert kept.is_dir() and not [p for p in triton_cache.iterdir() if p.name.startswith(f".{kept.name}")]
+    else:
+        assert len(json.loads(kept.read_text())["entries"]) == 1  # written again, whole
+
+
+
 def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_it(session_factory, monkeypatch,
                                                                                     caplog):
     # Found damaged at a launch after serving started, it was reported (and, with JIT_AHEAD_MODE=error,

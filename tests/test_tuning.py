@@ -142,6 +142,43 @@ def test_tune_ahead_runs_the_autotuners_own_benchmark_on_builds_helpers_made(ses
     assert again.chosen_already == 1 and not again.tuned and len(k.BENCHMARKED) - before == 3
 
 
+def test_tune_ahead_skips_a_key_whose_choice_an_earlier_start_recorded(session_factory):
+    # Before, every recorded key still ran on the GPU at each warm start: its tensors made and its chosen
+    # config launched once (254 keys of the Qwen3.5 hybrid at the large limits), for nothing the first
+    # launch would not do by itself.
+    from jit_ahead.triton import autotune
+    from jit_ahead.triton.tune_ahead import tune
+
+    session = session_factory(workers=0)
+    events = []
+    session.stats.subscribe(events.append)
+    tuner = k.stored_tuning_kernel
+    recorded, other = 7201, 7202  # tuning keys no other test chose a config for
+    best = tuner.configs[-1]
+    owner = object()
+    choice = autotune.TuningChoice(*autotune._identity(tuner, (recorded, "torch.float32", "torch.float32"),
+                                                       tuner.configs)[:5], str(best))
+    # a choice recorded over other configs than the autotuner prunes to does not answer the key
+    stale = autotune.TuningChoice(*choice.identity[:3], (other, "torch.float32", "torch.float32"),
+                                  tuple(str(c) for c in tuner.configs[:2]), str(tuner.configs[0]))
+    # the tasks of the plan a cold start saved (it had no choices yet), read back by a warm start
+    tasks = planned_stored_tuning(recorded).tuning_tasks + planned_stored_tuning(other).tuning_tasks
+    assert len(tasks) == 2
+    autotune.KNOWN.add([choice, stale], owner=owner)  # and the choices the cold start recorded
+    try:
+        before = len(k.BENCHMARKED)
+        result = tune(tasks, torch.device("meta"), budget_bytes=1 << 20)
+        assert result.chosen_already == 1 and [t.key[0] for t in result.tuned] == [other]
+        assert len(k.BENCHMARKED) - before == 3  # only the stale key's configs were timed
+        assert (recorded, "torch.float32", "torch.float32") not in tuner.cache  # left to the first launch
+        x = torch.empty(recorded, device="meta")
+        tuner[(1,)](x, x, recorded)  # the first launch takes the recorded choice: no benchmark
+        assert len(k.BENCHMARKED) - before == 3
+        assert str(tuner.cache[(recorded, "torch.float32", "torch.float32")]) == str(best)
+    finally:
+        autotune.KNOWN.forget(owner)
+
+
 def test_tune_ahead_times_each_config_over_its_own_window_and_leaves_the_autotuner_as_it_was(monkeypatch, caplog):
     from jit_ahead.core import knobs
     from jit_ahead.triton import standin

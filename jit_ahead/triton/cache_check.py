@@ -18,18 +18,24 @@ are not Triton's file cache (a remote cache) are not checked: they are trusted a
 One process checks an entry up to three times on a warm start (reading the saved plan, replaying the
 records, the first launch), and the digests are most of a check's cost. So an entry found sound is
 remembered with the identity of its files (size, modification time, inode); a later check whose files
-all still have theirs is answered without reading them. A file changed in place keeping its size and
-modification time is not noticed until the next process: the risk accepted for it. Files written less
-than ``SETTLED_S`` ago are not remembered: file times advance in coarse steps, and a file rewritten in
-the step it was written in would keep its time.
+all still have theirs is answered without reading them. What a process found sound is also kept for the
+next ones, in ``jit_ahead_checked.json`` at the top of the cache (``save_checked``, merged with what is
+there; entries whose folder is gone are dropped): a warm start then checks a planned entry with a few
+``stat`` calls instead of reading and hashing its files. A file changed in place keeping its size,
+modification time and inode is not noticed: the risk accepted for it (Triton itself trusts every file
+it finds). Files written less than ``SETTLED_S`` ago are not remembered: file times advance in coarse
+steps, and a file rewritten in the step it was written in would keep its time. A copied cache (another
+node) has other inodes and times: its entries are checked in full once there.
 """
 from __future__ import annotations
 
 import enum
 import hashlib
 import json
+import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 
@@ -40,6 +46,9 @@ from ..core.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 
 MANIFEST = "jit_ahead_manifest.json"
+CHECKED = "jit_ahead_checked.json"  # at the top of the cache: what earlier processes found sound
+MAX_CHECKED_BYTES = 64 << 20  # a file larger than any a cache makes is not read
+log = logging.getLogger("jit_ahead.triton.cache_check")
 
 
 class Entry(enum.Enum):
@@ -51,6 +60,9 @@ class Entry(enum.Enum):
 # (folder, kernel name, arch) of each entry this process found sound -> the identity of its files then
 _sound: dict[tuple[str, str, int | None], tuple] = {}
 SETTLED_S = 1.0
+_roots_read: set[str] = set()  # caches whose CHECKED file this process has read
+_unsaved: set[str] = set()  # caches with entries found sound since their CHECKED file was last written
+_checked_lock = threading.Lock()
 
 
 def _identity(paths: list[str]) -> tuple | None:
@@ -114,6 +126,7 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None, thorough: boo
             return (Entry.OK if group else Entry.MISSING), ""
     except (OSError, ValueError, AttributeError):  # the cache cannot be reached: a miss, as Triton sees it
         return Entry.MISSING, ""
+    _read_checked(os.path.dirname(folder))
     known = _sound.get((folder, kernel_name, arch))
     if known is not None and _identity([path for path, *_ in known]) == known:
         return Entry.OK, ""
@@ -148,6 +161,7 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None, thorough: boo
         # None: no manifest (an entry Triton wrote, cheap to check), checked each time
         if identity is not None and all(0 < mtime <= settled for _, _, mtime, _ in identity):
             _sound[(folder, kernel_name, arch)] = identity
+            _unsaved.add(os.path.dirname(folder))
     except OSError as exc:
         return Entry.DAMAGED, f"cannot be read ({exc})"
     except (ValueError, TypeError, KeyError) as exc:  # TypeError, KeyError: a manifest of another shape
@@ -203,3 +217,83 @@ def remove(predicted_hash: str) -> None:
     for key in [k for k in list(_sound) if k[0] == folder]:
         _sound.pop(key, None)
     remove_entry(folder, f"{folder}.damaged.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+
+
+# -- what earlier processes found sound (CHECKED) ------------------------------------------------------------
+def _read_checked(root: str) -> None:
+    """Once per process and cache: add the entries its CHECKED file holds to those found sound. A file
+    that cannot be used is named in one line and ignored (the next save replaces it)."""
+    if root in _roots_read:
+        return
+    with _checked_lock:
+        if root in _roots_read:
+            return
+        _roots_read.add(root)
+        for key, identity in _load_checked(root).items():
+            _sound.setdefault(key, identity)
+
+
+def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | None], tuple]:
+    """The entries the cache's CHECKED file holds; ``report``: name a file that cannot be used (once per
+    process: the save that replaces it reads it again quietly)."""
+    path = os.path.join(root, CHECKED)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CHECKED_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        if report:
+            log.warning("triton: %s cannot be read (%s); its entries are checked in full", path, exc)
+        return {}
+    try:
+        if len(raw) > MAX_CHECKED_BYTES:
+            raise ValueError(f"larger than {MAX_CHECKED_BYTES >> 20} MiB")
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("jit_ahead_checked") != 1:
+            raise ValueError("not a list of checked entries")
+        out = {}
+        for name, kernel_name, arch, files in data["entries"]:
+            if (not isinstance(name, str) or os.sep in name or not isinstance(kernel_name, str)
+                    or not (arch is None or type(arch) is int)):
+                raise ValueError("an entry of another shape")
+            folder = os.path.join(root, name)
+            out[(folder, kernel_name, arch)] = tuple(
+                (os.path.join(folder, file), int(size), int(mtime), int(inode)) for file, size, mtime, inode in files)
+        return out
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        if report:
+            log.warning("triton: %s is damaged (%s); ignored, its entries are checked in full and it is written "
+                        "again", path, str(exc) or type(exc).__name__)
+        return {}
+
+
+def save_checked() -> None:
+    """Keep what this process found sound for the next processes on each cache it checked: merged with
+    what the cache's CHECKED file holds now, written aside and moved in place. Entries whose folder is
+    gone are dropped. A cache that cannot be written (read-only, full) keeps what it had."""
+    with _checked_lock:
+        roots = set(_unsaved)
+        _unsaved.clear()
+        found = dict(_sound)  # a copy: other threads go on checking
+        for root in roots:
+            merged = _load_checked(root, report=False)
+            merged.update((key, identity) for key, identity in found.items() if os.path.dirname(key[0]) == root)
+            entries = []
+            for (folder, kernel_name, arch), identity in merged.items():
+                if not os.path.isdir(folder) or any(os.path.dirname(path) != folder for path, *_ in identity):
+                    continue  # removed, or a file outside its folder: not kept
+                entries.append([os.path.basename(folder), kernel_name, arch,
+                                [[os.path.basename(path), size, mtime, inode] for path, size, mtime, inode in identity]])
+            try:
+                fd, aside = tempfile.mkstemp(prefix=f".{CHECKED}.", dir=root)
+                try:
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        json.dump({"jit_ahead_checked": 1, "entries": entries}, f, separators=(",", ":"))
+                    os.replace(aside, os.path.join(root, CHECKED))
+                except BaseException:
+                    if os.path.exists(aside):
+                        os.unlink(aside)
+                    raise
+            except OSError as exc:
+                log.debug("triton: %s not written (%s)", os.path.join(root, CHECKED), exc)

@@ -83,6 +83,7 @@ class TritonFamily(FamilyBase):
             self._key_timer.cancel()
         self._closing = True  # a replay thread still reading forgets what it adds (_open_tuning_records)
         super().close(grace)
+        self._keep_checked()  # what the launches found sound since the last plan or replay
         autotune.KNOWN.forget(self)  # the choices this session read go with it
 
     def _records_wanted(self) -> bool:
@@ -220,6 +221,7 @@ class TritonFamily(FamilyBase):
         # records are replayed beside the server's start (imports, model build): a pass that reads no file
         # contents, since the launch checks each entry in full anyway
         missing = [r for r in requests if self._needs_build(r, thorough=source != "record")]
+        self._keep_checked()
         self.pool.preload(sorted({r.module for r in missing}))
         return [self.pool.submit(r.build_request(), priority) for r in missing]
 
@@ -229,6 +231,14 @@ class TritonFamily(FamilyBase):
         from .load import load_into_memory
 
         return load_into_memory(self.executor.planned_requests()).fields()
+
+    @staticmethod
+    def _keep_checked() -> None:
+        """What this process found sound, for the next start to check with a few ``stat`` calls."""
+        try:
+            cache_check.save_checked()
+        except Exception:  # an optimisation: the next start checks in full
+            log.exception("triton: the entries found sound could not be kept for the next start")
 
     def _needs_build(self, request: TritonCompileRequest, thorough: bool = True) -> bool:
         """Not on disk, or damaged there: a damaged entry is removed by the executor's rule (rebuilt once),

@@ -10,7 +10,8 @@ them (``cache_results``; the records), and launches the chosen config once. Kern
 autotuner's own; only the window Triton's default benchmark times each config over is shorter
 (``JIT_AHEAD_TUNE_AHEAD_REP_MS``): a start tunes every key the limits allow, not only those requests meet.
 
-A task whose autotuner holds a choice already is counted and skipped. A task is left to its first launch,
+A task whose autotuner holds a choice already, or whose first launch will find one an earlier start
+recorded (``autotune.KNOWN``), is counted and skipped. A task is left to its first launch,
 and named with the reason, when its autotuner is not imported in the server, when its timings would read
 values planning did not have, when its tensors exceed the memory budget, or when the tuning run raised. Tasks run one at a time, in the order
 planning met them (warmup shapes and CUDA-graph batch sizes first), each task's tensors freed before the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import inspect
 import logging
 import sys
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from triton.runtime.autotuner import Autotuner
 
+from . import autotune
 from .compile_inputs import unwrap_jit_function
 from .tuning import TensorSpec, TuningTask
 
@@ -53,7 +56,7 @@ class Left:
 @dataclass
 class TuneAheadResult:
     tuned: list[TuningTask] = field(default_factory=list)  # benchmarked (or loaded from a stored choice) here
-    chosen_already: int = 0  # the autotuner held a choice for the key
+    chosen_already: int = 0  # the autotuner held a choice for the key, or an earlier start recorded one
     left: list[Left] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -155,6 +158,28 @@ def _argument(value, device: torch.device, generator: torch.Generator | None = N
     return _tensor(value, device, generator) if isinstance(value, TensorSpec) else value
 
 
+_META = torch.device("meta")
+
+
+def _recorded(autotuner: Autotuner, task: TuningTask) -> bool:
+    """Whether an earlier start's recorded choice answers this key: the first launch then takes it where
+    Triton would look up stored timings (``autotune.KNOWN``), benchmarking nothing, so running the task
+    here would only allocate its tensors and launch the chosen config once. Looked up as that launch
+    will: over the configs the autotuner prunes to for the planned arguments (made on the meta device,
+    on a private copy of the autotuner); a pruning that cannot run there counts as not recorded."""
+    if not autotune.KNOWN or not autotuner.cache_results:
+        return False
+    try:
+        args = [_argument(v, _META) for v in task.args]
+        kwargs = {k: _argument(v, _META) for k, v in task.kwargs}
+        probe = copy.copy(autotuner)  # Triton's run sets nargs on the autotuner; a serving thread may run it
+        probe.nargs = dict(zip(autotuner.arg_names, args))
+        pruned = probe.prune_configs({**kwargs, "grid": _Grid(task.grids), "warmup": False})
+    except Exception:  # a pruning function that reads values: the task runs on the GPU
+        return False
+    return autotune.KNOWN.config_for(autotuner, task.key, pruned) is not None
+
+
 class _Grid:
     """The launch grid of each config, as planning computed it with the launcher's own grid function."""
 
@@ -186,7 +211,7 @@ def tune(tasks: Iterable[TuningTask], device: torch.device, budget_bytes: int, r
         if autotuner is None:
             result.left.append(Left(task, "its autotuner is not imported in this process"))
             continue
-        if task.key in autotuner.cache:
+        if task.key in autotuner.cache or _recorded(autotuner, task):
             result.chosen_already += 1
             continue
         if task.nbytes > budget_bytes:

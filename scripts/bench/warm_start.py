@@ -16,10 +16,12 @@ decode steps, every third left-padded). Per arm: wall seconds per phase, from th
 exit, medians and ratios. Writes warm_start.json and warm_start.md to --out.
 
     python scripts/bench/warm_start.py --out results/<date>-cpu-warm-start [--model qwen35-hybrid] [--rounds 8]
+        [--limits mid|limits] [--keep FOLDER]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -34,7 +36,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from build_throughput import versions  # noqa: E402
 REQUESTS = 24
-LIMITS = dict(max_num_tokens=16384, max_batch_size=64, max_seq_len=8192, cuda_graph_batch_sizes=(1, 2, 4, 8, 16))
+SETS = {"mid": dict(max_num_tokens=16384, max_batch_size=64, max_seq_len=8192),
+        "limits": dict(max_num_tokens=32768, max_batch_size=256, max_seq_len=32768)}
+LIMITS = dict(SETS[os.environ.get("WARM_START_LIMITS", "mid")], cuda_graph_batch_sizes=(1, 2, 4, 8, 16))
 PHASES = ("imports", "session", "model", "ready", "warmup", "serving_mark", "serving", "exit")
 
 
@@ -108,6 +112,11 @@ def main() -> int:
     parser.add_argument("--out")
     parser.add_argument("--model", default="qwen35-hybrid")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--limits", choices=sorted(SETS), default="mid",
+                        help="mid: EngineLimits(16384, 64, 8192); limits: (32768, 256, 32768)")
+    parser.add_argument("--keep", metavar="FOLDER", default=None,
+                        help="keep the cold start's cache, plans, records and choices in FOLDER, and reuse them "
+                             "when they are there (no cold start): compare trees on one cache")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -117,14 +126,23 @@ def main() -> int:
     if not args.out:
         parser.error("--out is required")
     seed = random.randrange(2**31)
-    with tempfile.TemporaryDirectory() as scratch:
+    os.environ["WARM_START_LIMITS"] = args.limits  # the children's limits
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as scratch:
+        reuse = os.path.isdir(os.path.join(scratch, "plans"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JIT_AHEAD", "TRITON_CACHE_DIR"))}
         env.update(TRITON_CACHE_DIR=os.path.join(scratch, "cache"), JIT_AHEAD_PLAN_DIR=os.path.join(scratch, "plans"),
                    JIT_AHEAD_RECORD_DIR=os.path.join(scratch, "records"),
                    JIT_AHEAD_TUNING_DIR=os.path.join(scratch, "tuning"),
                    PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-        cold = run_child(args.model, "jit", seed, env, cold=True)
-        print(f"cold start with jit_ahead: {cold['process_s']:.1f} s, {cold.get('variants')} variants", flush=True)
+        if reuse:  # the cold start of an earlier run
+            with open(os.path.join(scratch, "cold.json")) as f:
+                cold = json.load(f)
+            print(f"reusing {scratch} ({cold.get('variants')} variants)", flush=True)
+        else:
+            cold = run_child(args.model, "jit", seed, env, cold=True)
+            with open(os.path.join(scratch, "cold.json"), "w") as f:
+                json.dump(cold, f)
+            print(f"cold start with jit_ahead: {cold['process_s']:.1f} s, {cold.get('variants')} variants", flush=True)
         results = []
         rng = random.Random(seed)
         for round_ in range(args.rounds):
@@ -142,7 +160,7 @@ def main() -> int:
                    ((next(r for r in by_arm["jit"] if r["round"] == i), next(r for r in by_arm["plain"] if r["round"] == i))
                     for i in range(args.rounds))]
     info = versions()
-    lines = [f"# Warm start on this machine, with / without jit_ahead ({args.model})", "",
+    lines = [f"# Warm start on this machine, with / without jit_ahead ({args.model}, limits {SETS[args.limits]})", "",
              f"`{' '.join(sys.argv)}`; seed {seed}; {args.rounds} rounds, arms shuffled per round; "
              + ", ".join(f"{k} {v}" for k, v in info.items()), "",
              f"Cold start with jit_ahead (once, to fill the cache): {cold['process_s']:.1f} s, {cold.get('variants')} variants.", "",
@@ -153,7 +171,7 @@ def main() -> int:
               f"(rounds: {', '.join(f'{x:.3f}' for x in pair_ratios)})"]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "warm_start.json"), "w") as f:
-        json.dump({"seed": seed, "model": args.model, "limits": LIMITS, "requests": REQUESTS, "versions": info,
+        json.dump({"seed": seed, "model": args.model, "limits": SETS[args.limits], "reused_cache": reuse, "requests": REQUESTS, "versions": info,
                    "cold": cold, "results": results}, f, indent=1)
     with open(os.path.join(args.out, "warm_start.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
