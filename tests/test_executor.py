@@ -489,7 +489,7 @@ def test_what_one_process_found_sound_the_next_checks_without_reading_it(session
     assert [e[0] for e in json.loads(kept.read_text())["entries"]] == [os.path.basename(folders[1])]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "other shape", "huge", "a folder"])
+@pytest.mark.parametrize("damage", ["garbage", "other shape", "huge", "a folder", "a FIFO"])
 def test_a_damaged_list_of_checked_entries_is_named_once_ignored_and_written_again(session_factory, triton_cache,
                                                                                   damage):
     import json
@@ -515,12 +515,15 @@ def test_a_damaged_list_of_checked_entries_is_named_once_ignored_and_written_aga
     elif damage == "huge":
         with open(kept, "wb") as f:  # sparse: no disk used
             f.truncate(cache_check.MAX_CHECKED_BYTES + 1)
+    elif damage == "a FIFO":  # reading it would block the check for ever
+        os.mkfifo(kept)
     else:  # neither read nor replaced: the save fails, quietly, and the start goes on
         kept.mkdir()
     (outcome, _, hashed), stderr = check_in_new_process(request)
     assert outcome == "ok" and hashed  # checked in full
     lines = [l for l in stderr.splitlines() if str(kept) in l]
-    assert len(lines) == 1 and ("cannot be read" if damage == "a folder" else "damaged") in lines[0], stderr[-2000:]
+    unreadable = damage in ("a folder", "a FIFO")
+    assert len(lines) == 1 and ("cannot be read" if unreadable else "damaged") in lines[0], stderr[-2000:]
     if damage == "a folder":
         assert kept.is_dir() and not [p for p in triton_cache.iterdir() if p.name.startswith(f".{kept.name}")]
     else:

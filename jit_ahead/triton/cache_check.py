@@ -42,6 +42,7 @@ import uuid
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
 from ..core.cache_entries import remove_entry
+from ..core.records import open_regular
 from ..core.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 
@@ -238,7 +239,7 @@ def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | 
     process: the save that replaces it reads it again quietly)."""
     path = os.path.join(root, CHECKED)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO there would block the read
             raw = f.read(MAX_CHECKED_BYTES + 1)
     except FileNotFoundError:
         return {}
@@ -246,7 +247,11 @@ def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | 
         if report:
             log.warning("triton: %s cannot be read (%s); its entries are checked in full", path, exc)
         return {}
+    except UnicodeDecodeError:
+        raw = None
     try:
+        if raw is None:
+            raise ValueError("not UTF-8 text")
         if len(raw) > MAX_CHECKED_BYTES:
             raise ValueError(f"larger than {MAX_CHECKED_BYTES >> 20} MiB")
         data = json.loads(raw)
@@ -261,7 +266,7 @@ def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | 
             out[(folder, kernel_name, arch)] = tuple(
                 (os.path.join(folder, file), int(size), int(mtime), int(inode)) for file, size, mtime, inode in files)
         return out
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         if report:
             log.warning("triton: %s is damaged (%s); ignored, its entries are checked in full and it is written "
                         "again", path, str(exc) or type(exc).__name__)

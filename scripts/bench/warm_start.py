@@ -45,6 +45,9 @@ PHASES = ("imports", "session", "model", "ready", "warmup", "serving_mark", "ser
 def child(model_name: str, arm: str, seed: int, cold: bool) -> dict:
     t0 = time.perf_counter()
     marks = {}
+    tree = os.environ.get("WARM_START_TREE")
+    if tree:  # --tree: before this checkout, which build_throughput put first on sys.path
+        sys.path.insert(0, tree)
     import torch  # noqa: F401
     import triton  # noqa: F401
 
@@ -83,6 +86,7 @@ def child(model_name: str, arm: str, seed: int, cold: bool) -> dict:
         demo_models.serve(model, batch, prompt, rng.randint(1, 4), device="meta", lengths=lengths)
     marks["serving"] = time.perf_counter()
     result = {"arm": arm, "seed": seed, "marks": {k: round(v - t0, 4) for k, v in marks.items()}}
+    result["jit_ahead"] = os.path.dirname(sys.modules["jit_ahead"].__file__)  # which tree's (--tree)
     if run is not None:
         result.update(variants=sum(run.variants.values()), plan_loaded=bool(run.read_saved),
                       queued=len(run.tickets))
@@ -114,6 +118,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--limits", choices=sorted(SETS), default="mid",
                         help="mid: EngineLimits(16384, 64, 8192); limits: (32768, 256, 32768)")
+    parser.add_argument("--tree", metavar="FOLDER", default=None,
+                        help="the children import jit_ahead from FOLDER (a git worktree of another commit: a "
+                             "change's before), not from this checkout")
     parser.add_argument("--keep", metavar="FOLDER", default=None,
                         help="keep the cold start's cache, plans, records and choices in FOLDER, and reuse them "
                              "when they are there (no cold start): compare trees on one cache")
@@ -133,7 +140,9 @@ def main() -> int:
         env.update(TRITON_CACHE_DIR=os.path.join(scratch, "cache"), JIT_AHEAD_PLAN_DIR=os.path.join(scratch, "plans"),
                    JIT_AHEAD_RECORD_DIR=os.path.join(scratch, "records"),
                    JIT_AHEAD_TUNING_DIR=os.path.join(scratch, "tuning"),
-                   PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+                   PYTHONPATH=os.pathsep.join(p for p in (args.tree, str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+        if args.tree:
+            env["WARM_START_TREE"] = args.tree
         if reuse:  # the cold start of an earlier run
             with open(os.path.join(scratch, "cold.json")) as f:
                 cold = json.load(f)
