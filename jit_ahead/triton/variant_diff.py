@@ -19,7 +19,10 @@ def _arg_name(names: list[str], path) -> str:
 def fields(specialization_data: str) -> dict[str, object]:
     """A flat view of one variant: ``arg x_ptr`` type, ``constexpr BLOCK`` value, ``spec n``
     attributes (e.g. divisibility 16), ``option num_warps``, and any other top-level entry as is."""
-    data = json.loads(specialization_data)
+    return _fields_of(json.loads(specialization_data))
+
+
+def _fields_of(data: dict) -> dict[str, object]:
     signature = data.get("signature", {})
     names = list(signature)
     out: dict[str, object] = {f"arg {name}": kind for name, kind in signature.items() if kind != "constexpr"}
@@ -66,7 +69,8 @@ def nearest(variant: str, candidates: list[str]) -> tuple[str | None, list[str]]
 def is_specialization(specialization_data: object) -> bool:
     """Whether this is Triton's specialization JSON as ``fields`` reads it."""
     try:
-        fields(specialization_data)  # type: ignore[arg-type]
-        return isinstance(json.loads(specialization_data).get("signature"), dict)  # type: ignore[arg-type]
+        data = json.loads(specialization_data)  # type: ignore[arg-type]
+        _fields_of(data)
+        return isinstance(data.get("signature"), dict)
     except (ValueError, TypeError, AttributeError):
         return False
