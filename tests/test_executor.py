@@ -489,7 +489,8 @@ def test_what_one_process_found_sound_the_next_checks_without_reading_it(session
     assert [e[0] for e in json.loads(kept.read_text())["entries"]] == [os.path.basename(folders[1])]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "other shape", "huge", "a folder", "a FIFO"])
+@pytest.mark.parametrize("damage", ["garbage", "other shape", "no files", "a path outside", "Infinity", "deep",
+                                    "huge", "a folder", "a FIFO"])
 def test_a_damaged_list_of_checked_entries_is_named_once_ignored_and_written_again(session_factory, triton_cache,
                                                                                   damage):
     import json
@@ -512,6 +513,13 @@ def test_a_damaged_list_of_checked_entries_is_named_once_ignored_and_written_aga
         kept.write_bytes(b"\xff\xfe not json")
     elif damage == "other shape":
         kept.write_text(json.dumps({"jit_ahead_checked": 1, "entries": [["../x", 1, 2, 3]]}))
+    elif damage in ("no files", "a path outside", "Infinity"):  # an entry that would answer without a look
+        files = {"no files": [], "a path outside": [["../../outside", 1, 2, 3]],
+                 "Infinity": [["add_kernel.cubin", float("inf"), 2, 3]]}[damage]
+        kept.write_text(json.dumps({"jit_ahead_checked": 1,
+                                    "entries": [[os.path.basename(folder), request.name, 90, files]]}))
+    elif damage == "deep":
+        kept.write_text("[" * 100_000 + "]" * 100_000)
     elif damage == "huge":
         with open(kept, "wb") as f:  # sparse: no disk used
             f.truncate(cache_check.MAX_CHECKED_BYTES + 1)

@@ -2,6 +2,7 @@
 tuning key, the arguments as metadata and each config's grid; tasks whose timings would read values
 planning does not have say so."""
 import copy
+import functools
 import random
 
 import torch
@@ -161,14 +162,22 @@ def test_tune_ahead_skips_a_key_whose_choice_an_earlier_start_recorded(session_f
     # a choice recorded over other configs than the autotuner prunes to does not answer the key
     stale = autotune.TuningChoice(*choice.identity[:3], (other, "torch.float32", "torch.float32"),
                                   tuple(str(c) for c in tuner.configs[:2]), str(tuner.configs[0]))
+    # an autotuner whose pruning reads an argument's value: pruned on meta as the first launch will prune
+    pruned_tuner = k.width_tuned_pruned_kernel
+    width = 7203
+    with capture() as pruned_plan:
+        pruned_tuner[(1,)](torch.empty(128, device="meta"), 100, width)
+    pruned_choice = autotune.TuningChoice(*autotune._identity(pruned_tuner, (width, "torch.float32"),
+                                                              pruned_tuner.configs)[:5], str(pruned_tuner.configs[1]))
     # the tasks of the plan a cold start saved (it had no choices yet), read back by a warm start
     tasks = planned_stored_tuning(recorded).tuning_tasks + planned_stored_tuning(other).tuning_tasks
-    assert len(tasks) == 2
-    autotune.KNOWN.add([choice, stale], owner=owner)  # and the choices the cold start recorded
+    tasks += pruned_plan.tuning_tasks
+    assert len(tasks) == 3
+    autotune.KNOWN.add([choice, stale, pruned_choice], owner=owner)  # and the choices the cold start recorded
     try:
         before = len(k.BENCHMARKED)
         result = tune(tasks, torch.device("meta"), budget_bytes=1 << 20)
-        assert result.chosen_already == 1 and [t.key[0] for t in result.tuned] == [other]
+        assert result.chosen_already == 2 and [t.key[0] for t in result.tuned] == [other]
         assert len(k.BENCHMARKED) - before == 3  # only the stale key's configs were timed
         assert (recorded, "torch.float32", "torch.float32") not in tuner.cache  # left to the first launch
         x = torch.empty(recorded, device="meta")
@@ -197,6 +206,11 @@ def test_tune_ahead_times_each_config_over_its_own_window_and_leaves_the_autotun
     # Triton's default benchmark timed each of the three configs over 8 ms after 2 of warmup, not 100 after 25
     assert list(standin.asked_windows)[asked:] == [(2, 8)] * 3
     assert vars(autotuner).get("do_bench") is cached_before  # the autotuner's own benchmark again afterwards
+    # wrapped, the stand-in's benchmark is still known as one that times nothing: no choice of it is kept
+    from jit_ahead.triton.tune_ahead import windowed_benchmark
+
+    assert standin.times_nothing(windowed_benchmark(8)) and standin.times_nothing(functools.partial(standin._launch_once))
+    assert not standin.times_nothing(k._bench_prefers_later)
     autotuner.do_bench(lambda: None, quantiles=(0.5,))
     assert standin.asked_windows[-1] == (25, 100)
 

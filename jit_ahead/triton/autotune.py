@@ -12,7 +12,7 @@ warm cache. Planning sees the choices too and asks helpers for the chosen config
 Every autotuner's choices are kept (``keep_every_choice``): while a session keeps them
 (JIT_AHEAD_TUNING_DIR, on by default), an autotuner whose library does not store results behaves as one
 that does (``cache_results``), so that Triton asks ``check_disk_cache``; Triton then stores its timings in
-its own cache too. A choice is used only if the kernel's source (``JITFunction.cache_key``), the tuning
+its own cache too (on a GPU: see below). A choice is used only if the kernel's source (``JITFunction.cache_key``), the tuning
 key and the pruned configs are what was recorded. No kernel module is imported to apply one.
 
 No choice an autotuner makes on the stand-in driver is kept (``refuse_blind_choices``): its benchmarker
@@ -213,10 +213,19 @@ def benchmark_in_progress() -> Benchmark | None:
     return _benchmark.get()
 
 
-def chooses_blindly(autotuner: Autotuner) -> bool:
-    """Whether ``autotuner`` times its configs with the stand-in driver's benchmarker. Triton fixes an
-    autotuner's benchmarker at its first use (a cached property of the driver active then)."""
+def benchmarks_blindly(autotuner: Autotuner) -> bool:
+    """Whether ``autotuner`` times its configs with the stand-in driver's benchmarker (asked just before it
+    benchmarks: Triton fixes an autotuner's benchmarker at its first benchmark, a cached property of the
+    driver active then)."""
     return times_nothing(autotuner.do_bench)
+
+
+def chose_blindly(autotuner: Autotuner) -> bool:
+    """Whether ``autotuner`` has benchmarked with the stand-in's benchmarker in this process, so that the
+    choices it holds may be the stand-in's. One that never benchmarked here (its choices loaded, or made
+    on a GPU before a planner was forked) is not asked for a benchmarker now."""
+    benchmarker = vars(autotuner).get("do_bench")  # set at its first benchmark
+    return benchmarker is not None and times_nothing(benchmarker)
 
 
 def _check_disk_cache_with_records(self, tuning_key, configs, bench_fn):
@@ -224,7 +233,7 @@ def _check_disk_cache_with_records(self, tuning_key, configs, bench_fn):
     if known is not None:  # as if Triton had found the timings in its cache
         self.cache[tuning_key] = known
         return True
-    blind = chooses_blindly(self)
+    blind = benchmarks_blindly(self)
     benchmark = Benchmark()
     token = _benchmark.set(benchmark)
     try:

@@ -35,13 +35,13 @@ import json
 import logging
 import os
 import tempfile
-import threading
 import time
 import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
 from ..core.cache_entries import remove_entry
+from ..core.processes import fork_safe_lock
 from ..core.records import open_regular
 from ..core.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
@@ -58,12 +58,14 @@ class Entry(enum.Enum):
     DAMAGED = "damaged"
 
 
-# (folder, kernel name, arch) of each entry this process found sound -> the identity of its files then
+# (folder, kernel name, arch) of each entry found sound, by this process or (CHECKED) an earlier one -> the
+# identity of its files then
 _sound: dict[tuple[str, str, int | None], tuple] = {}
+_verified_here: set[tuple[str, str, int | None]] = set()  # those this process checked in full itself
 SETTLED_S = 1.0
 _roots_read: set[str] = set()  # caches whose CHECKED file this process has read
 _unsaved: set[str] = set()  # caches with entries found sound since their CHECKED file was last written
-_checked_lock = threading.Lock()
+_checked_lock = fork_safe_lock()  # planners and helpers are forked while a thread may be saving
 
 
 def _identity(paths: list[str]) -> tuple | None:
@@ -162,6 +164,7 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None, thorough: boo
         # None: no manifest (an entry Triton wrote, cheap to check), checked each time
         if identity is not None and all(0 < mtime <= settled for _, _, mtime, _ in identity):
             _sound[(folder, kernel_name, arch)] = identity
+            _verified_here.add((folder, kernel_name, arch))
             _unsaved.add(os.path.dirname(folder))
     except OSError as exc:
         return Entry.DAMAGED, f"cannot be read ({exc})"
@@ -217,6 +220,7 @@ def remove(predicted_hash: str) -> None:
         return
     for key in [k for k in list(_sound) if k[0] == folder]:
         _sound.pop(key, None)
+        _verified_here.discard(key)
     remove_entry(folder, f"{folder}.damaged.{os.getpid()}.{uuid.uuid4().hex[:8]}")
 
 
@@ -230,7 +234,12 @@ def _read_checked(root: str) -> None:
         if root in _roots_read:
             return
         _roots_read.add(root)
-        for key, identity in _load_checked(root).items():
+        try:
+            loaded = _load_checked(root)
+        except Exception:  # an optimisation: every entry is checked in full instead
+            log.exception("triton: %s could not be read; its entries are checked in full", os.path.join(root, CHECKED))
+            return
+        for key, identity in loaded.items():
             _sound.setdefault(key, identity)
 
 
@@ -259,31 +268,50 @@ def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | 
             raise ValueError("not a list of checked entries")
         out = {}
         for name, kernel_name, arch, files in data["entries"]:
-            if (not isinstance(name, str) or os.sep in name or not isinstance(kernel_name, str)
-                    or not (arch is None or type(arch) is int)):
+            if not (_plain_name(name) and isinstance(kernel_name, str) and (arch is None or type(arch) is int)
+                    and isinstance(files, list) and _names_its_group_and_manifest(kernel_name, files)):
                 raise ValueError("an entry of another shape")
             folder = os.path.join(root, name)
             out[(folder, kernel_name, arch)] = tuple(
-                (os.path.join(folder, file), int(size), int(mtime), int(inode)) for file, size, mtime, inode in files)
+                (os.path.join(folder, file), size, mtime, inode) for file, size, mtime, inode in files)
         return out
-    except (ValueError, TypeError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes: ValueError, TypeError, OverflowError, RecursionError
         if report:
             log.warning("triton: %s is damaged (%s); ignored, its entries are checked in full and it is written "
                         "again", path, str(exc) or type(exc).__name__)
         return {}
 
 
+def _plain_name(name: object) -> bool:
+    """A name inside one folder: no path, no parent."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and os.sep not in name
+            and (os.altsep is None or os.altsep not in name))
+
+
+def _names_its_group_and_manifest(kernel_name: str, files: list) -> bool:
+    """Each file a plain name with integer size, time and inode; the group file and the manifest among
+    them, as ``check`` records every sound entry (so an entry of no files can answer nothing)."""
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 4 and _plain_name(item[0])
+                and all(type(v) is int and v >= 0 for v in item[1:])):
+            return False
+    names = {item[0] for item in files}
+    return {os.path.basename(_group_file("", kernel_name)), MANIFEST} <= names
+
+
 def save_checked() -> None:
-    """Keep what this process found sound for the next processes on each cache it checked: merged with
-    what the cache's CHECKED file holds now, written aside and moved in place. Entries whose folder is
-    gone are dropped. A cache that cannot be written (read-only, full) keeps what it had."""
+    """Keep what this process checked in full and found sound for the next processes on each cache it
+    checked: merged into what the cache's CHECKED file holds now (another process may have written newer
+    identities of the entries this one only read from it), written aside and moved in place. Entries whose
+    folder is gone are dropped. A cache that cannot be written (read-only, full) keeps what it had."""
     with _checked_lock:
         roots = set(_unsaved)
         _unsaved.clear()
-        found = dict(_sound)  # a copy: other threads go on checking
+        found = {key: _sound.get(key) for key in list(_verified_here)}  # other threads go on checking
         for root in roots:
             merged = _load_checked(root, report=False)
-            merged.update((key, identity) for key, identity in found.items() if os.path.dirname(key[0]) == root)
+            merged.update((key, identity) for key, identity in found.items()
+                          if identity is not None and os.path.dirname(key[0]) == root)
             entries = []
             for (folder, kernel_name, arch), identity in merged.items():
                 if not os.path.isdir(folder) or any(os.path.dirname(path) != folder for path, *_ in identity):

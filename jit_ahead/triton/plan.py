@@ -215,7 +215,7 @@ def _capturing_autotuner_run(self, *args, **kwargs):
             return None
     probe = copy.copy(self)  # Triton's own run() on a private copy whose cache answers from the real one
     # a choice made on the stand-in is no choice: plan every config (recorded ones still answer, below)
-    probe.cache = _ChoicesOf({} if autotune.chooses_blindly(self) else self.cache)
+    probe.cache = _ChoicesOf({} if autotune.chose_blindly(self) else self.cache)
     try:
         return _original_autotuner_run(probe, *args, **kwargs)
     except _NoChoiceYet as missing:

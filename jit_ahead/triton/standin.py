@@ -105,8 +105,15 @@ def _launch_once(kernel_call, warmup=25, rep=100, grad_to_none=None, quantiles=N
 
 
 def times_nothing(benchmarker) -> bool:
-    """Whether ``benchmarker`` is the stand-in's: a choice made with it is the first config's, not a GPU's."""
-    return benchmarker is _launch_once
+    """Whether ``benchmarker`` is the stand-in's, or wraps it (``__wrapped__``, ``functools.partial``): a
+    choice made with it is the first config's, not a GPU's."""
+    for _ in range(8):  # a chain of wrappers, never a cycle
+        if benchmarker is _launch_once:
+            return True
+        benchmarker = getattr(benchmarker, "__wrapped__", None) or getattr(benchmarker, "func", None)
+        if benchmarker is None:
+            return False
+    return False
 
 
 def parse_target(text: str) -> GPUTarget:

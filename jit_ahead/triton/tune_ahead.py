@@ -108,7 +108,12 @@ def windowed_benchmark(rep_ms: int):
     if not {"warmup", "rep"} <= parameters.keys():
         return None
     warmup_ms = max(1, rep_ms // 4)
-    return lambda kernel_call, quantiles: benchmark(kernel_call, warmup=warmup_ms, rep=rep_ms, quantiles=quantiles)
+
+    def windowed(kernel_call, quantiles):
+        return benchmark(kernel_call, warmup=warmup_ms, rep=rep_ms, quantiles=quantiles)
+
+    windowed.__wrapped__ = benchmark  # what it times with (the stand-in's times nothing: autotune.py)
+    return windowed
 
 
 @contextlib.contextmanager
