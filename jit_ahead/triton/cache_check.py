@@ -201,16 +201,22 @@ def write_manifest(predicted_hash: str, kernel_name: str) -> bool:
     if not paths:
         return False
     manifest = {name: [os.path.getsize(path), _digest(path)] for name, path in paths.items()}
-    fd, aside = tempfile.mkstemp(prefix=f".{MANIFEST}.", dir=folder)
+    _write_json(folder, MANIFEST, manifest, sort_keys=True)
+    return True
+
+
+def _write_json(folder: str, name: str, data, **dump_options) -> None:
+    """``data`` as ``folder/name``, written aside and moved in place: a reader sees the old file or the
+    whole new one. Raises OSError where it cannot be written (nothing is left aside)."""
+    fd, aside = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, sort_keys=True)
-        os.replace(aside, os.path.join(folder, MANIFEST))
+            json.dump(data, f, **dump_options)
+        os.replace(aside, os.path.join(folder, name))
     except BaseException:
         if os.path.exists(aside):
             os.unlink(aside)
         raise
-    return True
 
 
 def remove(predicted_hash: str) -> None:
@@ -319,14 +325,6 @@ def save_checked() -> None:
                 entries.append([os.path.basename(folder), kernel_name, arch,
                                 [[os.path.basename(path), size, mtime, inode] for path, size, mtime, inode in identity]])
             try:
-                fd, aside = tempfile.mkstemp(prefix=f".{CHECKED}.", dir=root)
-                try:
-                    with os.fdopen(fd, "w", encoding="utf-8") as f:
-                        json.dump({"jit_ahead_checked": 1, "entries": entries}, f, separators=(",", ":"))
-                    os.replace(aside, os.path.join(root, CHECKED))
-                except BaseException:
-                    if os.path.exists(aside):
-                        os.unlink(aside)
-                    raise
+                _write_json(root, CHECKED, {"jit_ahead_checked": 1, "entries": entries}, separators=(",", ":"))
             except OSError as exc:
                 log.debug("triton: %s not written (%s)", os.path.join(root, CHECKED), exc)
