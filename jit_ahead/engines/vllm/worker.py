@@ -2,9 +2,9 @@
 
 Hooks (vLLM 0.25.x; another version gets one line and no hook, and records of earlier starts still replay):
 - the model is built (``initialize_model`` in the model loader, before its weights load): the session
-  starts there, so that replayed builds run while the weights load, and says the worker's limits. vLLM's
-  own model classes are not planned yet: what a start compiles is built ahead at the next one only where
-  records are kept (``JIT_AHEAD_RECORD_DIR``);
+  starts there and plans the model within the worker's limits with the planners of vLLM's own kernel
+  modules (``planners()``), so that planning and builds run while the weights load; what those do not
+  plan is built ahead at the next start where records are kept (``JIT_AHEAD_RECORD_DIR``);
 - ``Worker.compile_or_warm_up_model``, before: the session is waited on as ``JIT_AHEAD_READY`` says
   (at most ``JIT_AHEAD_VLLM_READY_TIMEOUT_S``, default 300 s: vLLM's engine waits 600 s for all of its
   start), so vLLM's dummy runs, kernel warmups and CUDA-graph capture find the builds on disk;
@@ -111,6 +111,14 @@ def _session():
     return jit_ahead.current()
 
 
+def planners() -> list:
+    """The providers a vLLM model is planned with: those of vLLM's kernel modules. transformers' model
+    planner is not among them: a vLLM forward needs the engine's forward context and CUDA ops."""
+    from ...providers.vllm_fused_moe import VllmFusedMoEProvider
+
+    return [VllmFusedMoEProvider()]
+
+
 def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
     from .limits import limits_from
 
@@ -118,7 +126,8 @@ def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
     if session is None or vllm_config is None:
         return
     limits = limits_from(vllm_config)
-    log.info("jit_ahead: vLLM built %s; its worker serves within %s", type(model).__name__, limits)
+    log.info("jit_ahead: vLLM built %s; planning it within %s while its weights load", type(model).__name__, limits)
+    session.plan_model(model, limits, providers=planners())
 
 
 def _before_warmup(worker, *args, **kwargs) -> None:
