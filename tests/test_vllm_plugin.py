@@ -159,54 +159,27 @@ load_general_plugins()
     assert "Traceback" not in proc.stderr
 
 
-# A vLLM MoE layer as a Qwen3-MoE model builds it (the layer class vLLM's models use), on meta tensors. This
-# CPU process runs vLLM's CPU platform, whose MoE backend is its CPU kernels: the layer gets the backend
-# vLLM's selection gives an sm_90 GPU without FlashInfer's MoE (the Triton experts), as an H100 or H200
-# server's layer has it.
-MOE_LAYER = """
-import random, socket, torch
-from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.distributed import init_distributed_environment, initialize_model_parallel
-config_context = set_current_vllm_config(VllmConfig())  # kept: its exit unsets the config
-config_context.__enter__()
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                             distributed_init_method=f"tcp://127.0.0.1:{port}")
-initialize_model_parallel(1, 1)
-from vllm.model_executor.layers.fused_moe import FusedMoE
-from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
-from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
-with torch.device("meta"):
-    model = torch.nn.ModuleDict({name: FusedMoE(num_experts=e, top_k=k, hidden_size=h, intermediate_size=i,
-                                                params_dtype=torch.bfloat16, prefix=name)
-                                 for name, (e, k, h, i) in SHAPES.items()})
-experts = [m for m in model.modules() if hasattr(m, "w13_weight")]
-for layer in experts:
-    layer.quant_method.unquantized_backend = UnquantizedMoeBackend.TRITON
-    layer.quant_method.experts_cls = TritonExperts
-"""
-
-
 def test_fused_moe_variants_planned_equal_those_vllms_moe_layers_launch(tmp_path):
     # Planned through the session as the worker plans (its providers), against every token count of
     # vLLM's own layer method after its weights are processed (the modular kernel vLLM builds then); the
     # WARMUP variants are built by a helper, which imports vLLM's kernel module itself.
     seed = random.randrange(2**31)
     code = f"""
-SHAPES = {{"mixtral-like": (8, 2, 512, 1024), "qwen3-moe-like": (128, 8, 2048, 768)}}
+from tests.vllm_layers import moe_model, on_triton_experts
+model = moe_model({{"mixtral-like": (8, 2, 512, 1024), "qwen3-moe-like": (128, 8, 2048, 768)}})
+experts = on_triton_experts(model)
 LIMIT = 16384
-""" + MOE_LAYER + f"""
+import random, torch
 import jit_ahead
 from jit_ahead.core.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.engines.vllm import worker
 from jit_ahead.providers import vllm_meta_ops
-from jit_ahead.providers.vllm_fused_moe import _on_meta
+from jit_ahead.providers.vllm_fused_moe import workspaces_on_meta
 from jit_ahead.triton import capture
 session = jit_ahead.current()
 run = session.plan_model(model, EngineLimits(max_num_tokens=LIMIT, max_batch_size=256, max_seq_len=32768),
-                   providers=worker.planners())
+                         providers=worker.planners())
 assert session.wait_ready(600, priority=Priority.WARMUP)
 planned = {{r.predicted_hash: r for r in session.triton.executor.planned_requests()}}
 warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
@@ -218,7 +191,7 @@ for layer in experts:
     hidden, top_k = layer.moe_config.hidden_dim, layer.moe_config.experts_per_token
     counts = list(range(1, LIMIT + 1))
     rng.shuffle(counts)
-    with capture() as real, _on_meta():
+    with capture() as real, workspaces_on_meta():
         for tokens in counts:
             layer.quant_method.apply(layer, torch.empty(tokens, hidden, dtype=torch.bfloat16, device="meta"),
                                      torch.empty(tokens, top_k, dtype=torch.float32, device="meta"),
@@ -239,8 +212,8 @@ jit_ahead.stop()
 def test_a_moe_layer_on_another_backend_is_named_once_and_not_planned(tmp_path):
     # The layers as vLLM's CPU platform builds them: its CPU MoE kernels, not the Triton experts.
     code = """
-SHAPES = {"a": (8, 2, 512, 1024), "b": (8, 2, 512, 1024)}
-""" + MOE_LAYER.split("experts = [")[0] + """
+from tests.vllm_layers import moe_model
+model = moe_model({"a": (8, 2, 512, 1024), "b": (8, 2, 512, 1024)})
 from jit_ahead.engines.vllm import worker
 sites = [site for provider in worker.planners() for site in provider.find_layers(model)]
 print("SITES " + json.dumps(len(sites)))

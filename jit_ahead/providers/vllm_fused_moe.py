@@ -163,7 +163,7 @@ class _MetaWorkspaces:
 
 
 @contextlib.contextmanager
-def _on_meta() -> Iterator[None]:
+def workspaces_on_meta() -> Iterator[None]:
     """The modular kernel's workspaces on the meta device, for this thread's calls only."""
     modular_kernel = imported(MODULAR_KERNEL_MODULE)
     with patched_in_this_thread(modular_kernel, "current_workspace_manager", lambda original: _MetaWorkspaces):
@@ -181,7 +181,7 @@ def run_experts(site: MoESite, tokens: int) -> None:
     # the router's expert ids: int32 unless the kernel's prepare/finalize asks for another dtype
     ids = kernel.prepare_finalize.topk_indices_dtype() or torch.int32
     hidden = torch.empty(tokens, site.method.moe.hidden_dim, dtype=site.w13.dtype, device="meta")
-    with _on_meta():
+    with workspaces_on_meta():
         kernel.apply(hidden_states=hidden, w1=site.w13.meta(), w2=site.w2.meta(),
                      topk_weights=torch.empty(tokens, top_k, dtype=torch.float32, device="meta"),
                      topk_ids=torch.empty(tokens, top_k, dtype=ids, device="meta"),
