@@ -162,9 +162,15 @@ load_general_plugins()
 def test_fused_moe_variants_planned_equal_those_vllms_moe_layers_launch(tmp_path):
     # Planned through the session as the worker plans (its providers), against every token count of
     # vLLM's own layer method after its weights are processed (the modular kernel vLLM builds then); the
-    # WARMUP variants are built by a helper, which imports vLLM's kernel module itself.
+    # WARMUP variants are built by a helper, which imports vLLM's kernel module itself. The platform names
+    # an H200, as vLLM's CUDA platform does there: vLLM then reads its tuned config file for the Qwen3-MoE
+    # experts (E=128, N=768) and its defaults for the other shape.
     seed = random.randrange(2**31)
     code = f"""
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.get_device_name = classmethod(lambda cls, device_id=0: "NVIDIA H200")
+from vllm.model_executor.layers.fused_moe import fused_moe
+assert fused_moe.get_moe_configs(128, 768, None) and not fused_moe.get_moe_configs(8, 1024, None)
 from tests.vllm_layers import moe_model, on_triton_experts
 model = moe_model({{"mixtral-like": (8, 2, 512, 1024), "qwen3-moe-like": (128, 8, 2048, 768)}})
 experts = on_triton_experts(model)
@@ -179,7 +185,7 @@ from jit_ahead.providers.vllm_fused_moe import workspaces_on_meta
 from jit_ahead.triton import capture
 session = jit_ahead.current()
 run = session.plan_model(model, EngineLimits(max_num_tokens=LIMIT, max_batch_size=256, max_seq_len=32768),
-                         providers=worker.planners())
+                         providers=worker.providers())
 assert session.wait_ready(600, priority=Priority.WARMUP)
 planned = {{r.predicted_hash: r for r in session.triton.executor.planned_requests()}}
 warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
@@ -209,16 +215,27 @@ jit_ahead.stop()
     assert result["warm"] and all(state == "done" for state, _ in result["warm"]), result["warm"]
 
 
-def test_a_moe_layer_on_another_backend_is_named_once_and_not_planned(tmp_path):
-    # The layers as vLLM's CPU platform builds them: its CPU MoE kernels, not the Triton experts.
+def test_moe_layers_that_are_not_planned_are_named_once_per_reason(tmp_path):
+    # Two layers as vLLM's CPU platform builds them (its CPU MoE kernels, not the Triton experts), and one on
+    # the Triton experts whose parallel configuration says 2 data-parallel ranks: its experts would see the
+    # tokens of both ranks, gathered through the engine's collectives, which planning cannot run.
     code = """
-from tests.vllm_layers import moe_model
+import dataclasses
+from tests.vllm_layers import moe_model, on_triton_experts
 model = moe_model({"a": (8, 2, 512, 1024), "b": (8, 2, 512, 1024)})
+data_parallel = moe_model({"c": (8, 2, 512, 1024)})
+for layer in on_triton_experts(data_parallel):
+    moe = layer.quant_method.moe
+    layer.quant_method.moe = dataclasses.replace(
+        moe, moe_parallel_config=dataclasses.replace(moe.moe_parallel_config, dp_size=2))
 from jit_ahead.engines.vllm import worker
-sites = [site for provider in worker.planners() for site in provider.find_layers(model)]
+sites = [site for provider in worker.providers() for site in provider.find_layers(model)]
+sites += [site for provider in worker.providers() for site in provider.find_layers(data_parallel)]
 print("SITES " + json.dumps(len(sites)))
 """
     proc = run_vllm(code, tmp_path)
     assert printed(proc, "SITES") == 0
     said = [line for line in proc.stderr.splitlines() if "is not planned" in line]
-    assert len(said) == 1 and "not vLLM's Triton experts" in said[0] and "compile where they are launched" in said[0]
+    assert len(said) == 2, said
+    assert "not vLLM's Triton experts" in said[0] and "compile where they are launched" in said[0]
+    assert "data parallelism" in said[1]

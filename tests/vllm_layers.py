@@ -3,8 +3,8 @@
 ``moe_model(shapes)`` builds one ``FusedMoE`` per entry (name -> (experts, top_k, hidden, intermediate)), the
 layer class vLLM's MoE models (Qwen3-MoE, Mixtral, DeepSeek) build, inside a vLLM configuration and a
 one-process distributed group, as a worker builds them. vLLM's CPU platform gives the layers its CPU MoE
-backend; ``on_triton_experts`` gives them what vLLM's backend selection gives an sm_90 GPU without
-FlashInfer's MoE, the Triton experts, as an H100 or H200 server's layers have it.
+backend; ``on_triton_experts`` gives them what vLLM's backend selection gives an sm_90 GPU, where it puts
+FlashInfer's MoE last, the Triton experts, as an H100 or H200 server's layers have it.
 
 Call ``cpu_vllm()`` first (before anything imports vLLM's kernels): a Triton driver that answers, and vLLM's
 CPU platform (its CUDA platform loads vLLM's CUDA extension, which needs the driver library).

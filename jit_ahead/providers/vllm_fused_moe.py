@@ -1,8 +1,8 @@
 """vLLM's fused-MoE Triton kernel (``fused_moe_kernel``), as vLLM's own unquantized MoE layers launch it.
 
 A vLLM model holds its routed experts as ``RoutedExperts`` modules whose quantization method picks a
-backend at construction (``select_unquantized_moe_backend``: on an sm_90 GPU without FlashInfer's MoE, the
-Triton experts). The kernel itself is built only when the weights are processed, after they load; planning
+backend at construction (``select_unquantized_moe_backend``: on an sm_90 GPU, the Triton experts; vLLM puts
+FlashInfer's MoE last there). The kernel itself is built only when the weights are processed, after they load; planning
 runs before, so each launch builds the same modular kernel vLLM will (``make_unquantized_moe_kernel``,
 with the layer's own configuration, quantization config and routing tables) and calls its ``apply`` on
 meta tensors shaped as the layer's weights, for one token count. That runs vLLM's whole path: its config
@@ -18,14 +18,17 @@ meta, and what a repeat launches is deduplicated by the capture): vLLM's config 
 token counts of its config files, and the kernel's integer arguments follow the token count and the
 block size the config picks, so no smaller set is exact for every GPU's config file.
 
-Not planned (one line names each such layer once): quantized layers, layers with bias, expert parallelism
-(an expert map), and backends other than the Triton experts.
+Not planned (one line per reason, naming the first such layer): quantized layers, layers with bias, expert
+or data parallelism (the experts then see tokens gathered across ranks, through the engine's collectives),
+and backends other than the Triton experts. A LoRA layer's own kernels are not planned, only the base
+experts'. WARMUP: vLLM's CUDA-graph capture sizes and its profiling run's ``max_num_batched_tokens``.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -106,6 +109,9 @@ def _why_not_planned(module, method) -> str | None:
         return "its experts have a bias"
     if getattr(module, "expert_map", None) is not None:
         return "it runs with expert parallelism (an expert map)"
+    parallel = method.moe.moe_parallel_config
+    if parallel.dp_size > 1 or parallel.use_all2all_kernels:
+        return "it runs with data parallelism (tokens gathered across ranks)"
     return None
 
 
@@ -113,6 +119,8 @@ class VllmFusedMoEProvider(Provider):
     name = "vllm-fused-moe"
     library = "vllm"
     modules = ("vllm.model_executor.layers.fused_moe.fused_moe",)
+    extra_limits = {"vllm": "vLLM's engine settings (engines/vllm/limits.py): its CUDA-graph capture sizes are "
+                            "planned at WARMUP"}
 
     def find_layers(self, model) -> list:
         distinct: dict[tuple, MoESite] = {}
@@ -132,7 +140,10 @@ class VllmFusedMoEProvider(Provider):
         return list(distinct.values())
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterator[PlannedLaunch]:
-        warmup = warmup_token_counts(limits)
+        # vLLM's warmup: every CUDA-graph capture size (up to twice max_num_seqs, not only the batch sizes)
+        # and its profiling run at max_num_batched_tokens, whatever the model length
+        captured = limits.extra.get("vllm", {}).get("cudagraph_capture_sizes", ())
+        warmup = {*warmup_token_counts(limits), *captured, limits.max_num_tokens}
         counts = sorted(range(1, limits.max_num_tokens + 1), key=lambda n: n not in warmup)  # warmup's first
         for site in layers:
             for tokens in counts:
@@ -141,15 +152,21 @@ class VllmFusedMoEProvider(Provider):
                                     f"vllm fused_moe {site.label} tokens={tokens}")
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(site: MoESite):
-    """The modular kernel vLLM builds for the layer once its weights are processed (one per process)."""
-    from vllm.model_executor.layers.fused_moe.oracle.unquantized import make_unquantized_moe_kernel
+_kernels: "weakref.WeakKeyDictionary[MoESite, object]" = weakref.WeakKeyDictionary()
 
-    method = site.method
-    return make_unquantized_moe_kernel(quant_config=site.quant_config, moe_config=method.moe,
-                                       backend=method.unquantized_backend, experts_cls=method.experts_cls,
-                                       routing_tables=site.routing_tables)
+
+def _kernel(site: MoESite):
+    """The modular kernel vLLM builds for the layer once its weights are processed (one per site and
+    process, dropped with the site)."""
+    kernel = _kernels.get(site)
+    if kernel is None:
+        from vllm.model_executor.layers.fused_moe.oracle.unquantized import make_unquantized_moe_kernel
+
+        method = site.method
+        kernel = _kernels[site] = make_unquantized_moe_kernel(
+            quant_config=site.quant_config, moe_config=method.moe, backend=method.unquantized_backend,
+            experts_cls=method.experts_cls, routing_tables=site.routing_tables)
+    return kernel
 
 
 class _MetaWorkspaces:
@@ -180,7 +197,8 @@ def run_experts(site: MoESite, tokens: int) -> None:
     top_k = site.method.moe.experts_per_token
     # the router's expert ids: int32 unless the kernel's prepare/finalize asks for another dtype
     ids = kernel.prepare_finalize.topk_indices_dtype() or torch.int32
-    hidden = torch.empty(tokens, site.method.moe.hidden_dim, dtype=site.w13.dtype, device="meta")
+    moe = site.method.moe
+    hidden = torch.empty(tokens, moe.hidden_dim, dtype=moe.in_dtype, device="meta")
     with workspaces_on_meta():
         kernel.apply(hidden_states=hidden, w1=site.w13.meta(), w2=site.w2.meta(),
                      topk_weights=torch.empty(tokens, top_k, dtype=torch.float32, device="meta"),

@@ -3,7 +3,7 @@
 
 Each case is a fresh process, as a vLLM worker is: vLLM's own MoE layers (``FusedMoE``, on meta tensors, on
 the Triton experts an sm_90 GPU selects; ``tests/vllm_layers.py``) at the shapes of real MoE models, planned
-as the vLLM plugin plans them (``worker.planners()``) at ``max_num_batched_tokens`` 8192 and 16384 (256
+as the vLLM plugin plans them (``worker.providers()``) at ``max_num_batched_tokens`` 8192 and 16384 (256
 sequences, model length 32768), with no saved plan and no helper (planning only). Reported: wall seconds from
 ``plan_model`` until every launch is listed, launches, variants, the planner count, and the process's own
 start (imports, building the layers) apart.
@@ -43,7 +43,7 @@ session = jit_ahead.start()
 started = time.perf_counter() - t0
 t1 = time.perf_counter()
 run = session.plan_model(model, EngineLimits(max_num_tokens=int(sys.argv[2]), max_batch_size=256, max_seq_len=32768),
-                         providers=worker.planners())
+                         providers=worker.providers())
 assert session.wait_planned(1200, priority=None)
 wall = time.perf_counter() - t1
 print("RESULT " + json.dumps({"start_s": round(started, 2), "planning_s": round(wall, 2), "launches": run.launches,

@@ -3,7 +3,7 @@
 Hooks (vLLM 0.25.x; another version gets one line and no hook, and records of earlier starts still replay):
 - the model is built (``initialize_model`` in the model loader, before its weights load): the session
   starts there and plans the model within the worker's limits with the planners of vLLM's own kernel
-  modules (``planners()``), so that planning and builds run while the weights load; what those do not
+  modules (``providers()``), so that planning and builds run while the weights load; what those do not
   plan is built ahead at the next start where records are kept (``JIT_AHEAD_RECORD_DIR``);
 - ``Worker.compile_or_warm_up_model``, before: the session is waited on as ``JIT_AHEAD_READY`` says
   (at most ``JIT_AHEAD_VLLM_READY_TIMEOUT_S``, default 300 s: vLLM's engine waits 600 s for all of its
@@ -111,7 +111,7 @@ def _session():
     return jit_ahead.current()
 
 
-def planners() -> list:
+def providers() -> list:
     """The providers a vLLM model is planned with: those of vLLM's kernel modules. transformers' model
     planner is not among them: a vLLM forward needs the engine's forward context and CUDA ops."""
     from ...providers.vllm_fused_moe import VllmFusedMoEProvider
@@ -127,7 +127,7 @@ def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
         return
     limits = limits_from(vllm_config)
     log.info("jit_ahead: vLLM built %s; planning it within %s while its weights load", type(model).__name__, limits)
-    session.plan_model(model, limits, providers=planners())
+    session.plan_model(model, limits, providers=providers())
 
 
 def _before_warmup(worker, *args, **kwargs) -> None:
