@@ -50,7 +50,8 @@ def run_vllm(code: str, tmp_path, jit_ahead: bool = True, **env) -> subprocess.C
     environ = without_jit_ahead(os.environ)
     environ.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO), VLLM_NO_USAGE_STATS="1", **env)
     if jit_ahead:
-        environ.update(JIT_AHEAD="1", JIT_AHEAD_RECORD_DIR=str(tmp_path / "records"))
+        environ.update(JIT_AHEAD="1", JIT_AHEAD_RECORD_DIR=str(tmp_path / "records"),
+                       JIT_AHEAD_PLAN_DIR=str(tmp_path / "plans"))  # a plan of this test's own, never a saved one
     proc = subprocess.run([sys.executable, "-c", PRELUDE + code], cwd=tmp_path, env=environ, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -239,3 +240,50 @@ print("SITES " + json.dumps(len(sites)))
     assert len(said) == 2, said
     assert "not vLLM's Triton experts" in said[0] and "compile where they are launched" in said[0]
     assert "data parallelism" in said[1]
+
+
+def test_the_worker_plans_the_moe_layers_of_the_model_vllm_builds(tmp_path):
+    # vLLM's own model loader builds a Qwen3-MoE model from a local config (meta tensors: no weights); the
+    # plugin's hook after it plans the model with the worker's limits, before any weight would load. The
+    # MoE backend selection is given the sm_90 GPU's answer (the Triton experts), as in the tests above.
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_experts=8,
+                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, vocab_size=4096, max_position_embeddings=32768)
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    config.save_pretrained(tmp_path / "model")
+    code = f"""
+import torch
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+from vllm.model_executor.layers.fused_moe.oracle import unquantized
+import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as method_module
+method_module.select_unquantized_moe_backend = lambda moe_config: (unquantized.UnquantizedMoeBackend.TRITON, TritonExperts)
+from tests.vllm_layers import moe_model
+moe_model({{}})  # vLLM's configuration context and a one-process distributed group
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+import vllm.v1.worker.gpu_worker  # a worker's process: the hooks go in with it
+from vllm.model_executor.model_loader import base_loader
+import jit_ahead
+planned = []
+jit_ahead.current().stats.subscribe(lambda record: planned.append(record) if record["event"] == "planned" else None)
+args = EngineArgs(model={str(tmp_path / "model")!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                  max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=32768)
+vllm_config = args.create_engine_config()
+with torch.device("meta"):
+    model = base_loader.initialize_model(vllm_config=vllm_config, model_config=vllm_config.model_config)
+session = jit_ahead.current()
+assert session.wait_planned(300, priority=None)
+print("WORKER " + json.dumps([type(model).__name__, sorted({{e["provider"] for e in planned}}),
+                              sum(e["launches"] for e in planned), sorted({{k for e in planned for k in e["kernels"]}}),
+                              len(session.triton.executor.planned_requests())]))
+jit_ahead.stop()
+"""
+    proc = run_vllm(code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0")
+    name, providers, launches, kernels, variants = printed(proc, "WORKER")
+    assert name == "Qwen3MoeForCausalLM" and providers == ["vllm-fused-moe"]
+    assert launches == 8192  # the worker's max_num_batched_tokens: one distinct MoE layer (both alike), every count
+    assert kernels == ["fused_moe_kernel"] and variants > 10
+    assert "planning it within" in proc.stderr
