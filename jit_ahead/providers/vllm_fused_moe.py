@@ -2,8 +2,8 @@
 
 A vLLM model holds its routed experts as ``RoutedExperts`` modules whose quantization method picks a
 backend at construction (``select_unquantized_moe_backend``: on an sm_90 GPU, the Triton experts; vLLM puts
-FlashInfer's MoE last there). The kernel itself is built only when the weights are processed, after they load; planning
-runs before, so each launch builds the same modular kernel vLLM will (``make_unquantized_moe_kernel``,
+FlashInfer's MoE last there). The kernel itself is built only when the weights are processed, after they
+load; planning runs before, so each launch builds the same modular kernel vLLM will (``make_unquantized_moe_kernel``,
 with the layer's own configuration, quantization config and routing tables) and calls its ``apply`` on
 meta tensors shaped as the layer's weights, for one token count. That runs vLLM's whole path: its config
 choice for the token count (the tuned configs of the server's GPU, read by name, or the defaults), its
