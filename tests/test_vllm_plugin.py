@@ -18,18 +18,15 @@ from .conftest import REPO, without_jit_ahead
 
 pytest.importorskip("vllm", reason="vLLM 0.25 is installed in CI's Triton 3.6 environment only")
 
-# What every case does first, as a CPU machine must to import vLLM's kernels: a Triton driver that answers
-# (vLLM replaces Triton by a placeholder where none does; CUDA_VISIBLE_DEVICES='' lets it wait for one),
-# and vLLM's own CPU platform (its CUDA platform loads vllm._C, which needs libcuda).
+# What every case does first, as a CPU machine must to import vLLM's kernels (``tests/vllm_layers.cpu_vllm``):
+# Triton imported first, as a server imports it (with JIT_AHEAD=1 the session starts there), with a driver
+# that answers (vLLM replaces Triton by a placeholder where none does; CUDA_VISIBLE_DEVICES='' lets it wait
+# for one), and vLLM's own CPU platform (its CUDA platform loads vllm._C, which needs libcuda).
 PRELUDE = """
 import json, logging, os, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-import triton  # first, as a server imports it (with JIT_AHEAD=1 the session starts here)
-from jit_ahead.triton.standin import ensure_driver
-ensure_driver()
-import vllm.platforms
-from vllm.platforms.cpu import CpuPlatform
-vllm.platforms._current_platform = CpuPlatform()
+from tests.vllm_layers import cpu_vllm
+cpu_vllm()
 """
 
 HOOKED = """

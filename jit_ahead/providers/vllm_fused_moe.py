@@ -162,6 +162,9 @@ def _kernel(site: MoESite):
     if kernel is None:
         from vllm.model_executor.layers.fused_moe.oracle.unquantized import make_unquantized_moe_kernel
 
+        from . import vllm_meta_ops
+
+        vllm_meta_ops.install()  # before the kernel's first call in this process
         method = site.method
         kernel = _kernels[site] = make_unquantized_moe_kernel(
             quant_config=site.quant_config, moe_config=method.moe, backend=method.unquantized_backend,
@@ -190,14 +193,11 @@ def workspaces_on_meta() -> Iterator[None]:
 @torch.no_grad()
 def run_experts(site: MoESite, tokens: int) -> None:
     """What the layer's ``forward`` launches for ``tokens`` tokens once routing has picked the experts."""
-    from . import vllm_meta_ops
-
-    vllm_meta_ops.install()
     kernel = _kernel(site)
-    top_k = site.method.moe.experts_per_token
+    moe = site.method.moe
+    top_k = moe.experts_per_token
     # the router's expert ids: int32 unless the kernel's prepare/finalize asks for another dtype
     ids = kernel.prepare_finalize.topk_indices_dtype() or torch.int32
-    moe = site.method.moe
     hidden = torch.empty(tokens, moe.hidden_dim, dtype=moe.in_dtype, device="meta")
     with workspaces_on_meta():
         kernel.apply(hidden_states=hidden, w1=site.w13.meta(), w2=site.w2.meta(),
