@@ -631,7 +631,15 @@ def test_kill_9_of_the_urgent_helper_mid_build_frees_the_launch_and_resumes_the_
     while "helper-urgent" not in pool.helper_pids() or busy.status() != psutil.STATUS_STOPPED:
         assert time.monotonic() < deadline, "the urgent helper never started, or helper-0 was never paused"
         time.sleep(0.01)
-    psutil.Process(pool.helper_pids()["helper-urgent"]).kill()
+    urgent = psutil.Process(pool.helper_pids()["helper-urgent"])
+    # helper-0 is paused before the job is sent: kill only once the urgent helper is compiling it (an
+    # idle helper blocks on its pipe, so CPU time it spends from here on is the build), else the kill
+    # lands before it took the job, which is the other path (back to the queue, no crash charged)
+    spent = sum(urgent.cpu_times()[:2])
+    while sum(urgent.cpu_times()[:2]) - spent < 0.3:
+        assert time.monotonic() < deadline, "the urgent helper never started building"
+        time.sleep(0.01)
+    urgent.kill()
     launcher.join(300)
     assert done and done[0] is not None  # the launch got its variant (built in place after the crash)
     assert pool.table.get(done[0].hash).state is State.DONE
