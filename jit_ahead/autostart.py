@@ -241,6 +241,7 @@ def _start_session():
             disarm()
     try:
         from .core import knobs
+        from .core.own_cpu import OwnTimer
         from .core.say import on_line
         from .core.session import current, say, start
 
@@ -258,7 +259,7 @@ def _start_session():
         else:
             warmup_s = left = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
         if warmup_s > 0:
-            timer = threading.Timer(left, _serving_by_time, args=(session, warmup_s))
+            timer = OwnTimer(left, _serving_by_time, args=(session, warmup_s))
             timer.daemon = True
             timer.start()
             session.add_serving_listener(timer.cancel)

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import TextIO
 
 from .core.table import RequestTable
+from .core.own_cpu import OwnThread
 
 
 def _eta(seconds: float | None) -> str:
@@ -41,7 +42,7 @@ class BuildProgress:
 
             self._bar = tqdm(total=0, unit="variant", file=self._stream, dynamic_ncols=True, leave=True)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="jit_ahead-progress")
+        self._thread = OwnThread(target=self._run, daemon=True, name="jit_ahead-progress")
         self._t0 = time.monotonic()
 
     def __enter__(self) -> "BuildProgress":

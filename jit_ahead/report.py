@@ -48,6 +48,7 @@ class Coverage:
     tune_ahead: list[dict] = field(default_factory=list)  # each tune_ahead event's counts and reasons
     waits: list[dict] = field(default_factory=list)  # launches blocked over LONG_WAIT_S: label, seconds, cause...
     ready: dict | None = None  # the ready line's figures
+    own_cpu: tuple[float, dict] | None = None  # jit_ahead's own CPU seconds before serving, and by where
 
 
 class NotAStatsLog(ValueError):
@@ -100,7 +101,7 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
     built, loaded = set(), set()
     starts: dict[tuple, float] = {}
     spans, unplanned, serving_at, tuned = [], [], None, []
-    waits, ready = [], None
+    waits, ready, own = [], None, None
 
     def kernel(key: str | None, name: str | None = None) -> str:
         return kernel_of.get(key, name or "?")
@@ -114,6 +115,8 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
             waits.append({**e.fields(), "phase": stamp.phase, "at_s": round(t, 3)})
         elif isinstance(e, ev.Ready):
             ready = {**e.fields(), "at_s": round(t, 3)}
+        elif isinstance(e, ev.OwnCpu):
+            own = _own_cpu(e.fields()) or own
         elif isinstance(e, ev.AutotuneBench) and not e.ahead:
             rows[e.kernel or "?"].tuned[phase].add(e.tuning_key)
         elif isinstance(e, ev.TuneAhead):
@@ -175,7 +178,19 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
         rows[kernel_of.get(key, "?")].unused += 1
     _planned_by(typed, rows)
     return Coverage(dict(sorted(rows.items())), unplanned, spans, serving_at, bad_lines, tuned,
-                    sorted(waits, key=lambda w: -w["seconds"]), ready)
+                    sorted(waits, key=lambda w: -w["seconds"]), ready, own)
+
+
+def _own_cpu(fields: dict) -> tuple[float, dict] | None:
+    """The own_cpu event's figures; None for a line that does not hold them (a log edited by hand)."""
+    own, by_where = fields.get("own_s"), fields.get("by_where")
+    if not (_is_number(own) and isinstance(by_where, dict) and all(map(_is_number, by_where.values()))):
+        return None
+    return own, by_where
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _planned_by(typed: list, rows: dict[str, KernelRow]) -> None:
@@ -255,6 +270,10 @@ def text(coverage: Coverage) -> str:
         lines.append(f"ready at {r['at_s']:.1f}s (rule {r['rule']}): planning "
                      + ("done" if r["planning_done"] else "still running")
                      + f", {r['listed']} variants listed, {r['built']} built, {r['pending']} queued or building")
+    if coverage.own_cpu:
+        own, by_where = coverage.own_cpu
+        lines.append(f"jit_ahead's own CPU in the server's process before serving: {own:.2f} s ("
+                     + ", ".join(f"{what} {seconds:.2f}" for what, seconds in by_where.items() if seconds >= 0.005) + ")")
     lines.append(f"launches that waited over {LONG_WAIT_S}s for a build: {len(coverage.waits)}")
     for w in coverage.waits:
         lines.append(f"    {w['seconds']:.2f}s ({w['phase']}, {w['outcome']}) {w['label']}: {w['cause']}")

@@ -43,7 +43,7 @@ def test_every_event_has_one_name_and_subclasses_keep_their_own():
         "phase", "summary", "planned", "plan_saved", "plan_loaded", "variant", "replay", "replay_autotune",
         "queued", "helper_ready", "forkserver_ready", "helper_preloaded", "forkserver_preloaded",
         "forkserver_idle_exit", "helper_retired", "build_start", "build_finish", "helper_crash", "executor_miss",
-        "compile", "cache_damaged", "guard", "autotune_bench", "tune_ahead", "ready", "wait"])
+        "compile", "cache_damaged", "guard", "autotune_bench", "tune_ahead", "ready", "wait", "own_cpu"])
     assert events.ForkServerReady.name == "forkserver_ready" and events.HelperReady.name == "helper_ready"
     assert events.ForkServerReady._fields == events.HelperReady._fields
     with pytest.raises(TypeError, match="two stats events are named 'guard'"):

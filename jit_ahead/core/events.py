@@ -94,6 +94,11 @@ class Ready(DictEvent, name="ready"):
     first ``wait_ready`` that succeeds, else when serving starts."""
 
 
+class OwnCpu(DictEvent, name="own_cpu"):
+    """When serving starts: jit_ahead's CPU seconds in the server's process so far (``own_s``), and by
+    thread or call (``by_where``, with what a process without it does too) (``core/own_cpu.py``)."""
+
+
 class Summary(DictEvent, name="summary"):
     """At close: the counts of the one-line summary (``Session.summary``)."""
 

@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from .priority import Priority
+from .own_cpu import OwnThread
 from .records import KNOB as RECORD_KNOB
 from .records import recording_enabled
 
@@ -133,8 +134,8 @@ class FamilyBase(ABC):
         if self._records_wanted():
             self._unrecorded = []
             self._start_recording()
-            self._replay_thread = threading.Thread(target=self._open_records_and_replay, daemon=True,
-                                                   name=f"jit_ahead-{self.name}-replay")
+            self._replay_thread = OwnThread(target=self._open_records_and_replay, daemon=True,
+                                            name=f"jit_ahead-{self.name}-replay")
             self._replay_thread.start()
         self._install_hooks()
         self._hooked = True

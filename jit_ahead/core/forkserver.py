@@ -25,6 +25,7 @@ import time
 import traceback
 
 from .helper_env import start_helper_process
+from .own_cpu import OwnThread
 from .processes import ForkedChild, Spawner, detach_from_server, fork_quietly
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
@@ -197,8 +198,8 @@ class ForkServer:
             theirs.close()
         self._sock = ours
         self._outbox = ours.makefile("wb")
-        threading.Thread(target=self._read_loop, args=(ours.makefile("rb", buffering=0),), daemon=True,
-                         name="jit_ahead-forkserver-reader").start()
+        OwnThread(target=self._read_loop, args=(ours.makefile("rb", buffering=0),), daemon=True,
+                  name="jit_ahead-forkserver-reader").start()
         try:
             ready = self._request(config, self._start_timeout)
         except ForkServerGone:

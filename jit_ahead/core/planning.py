@@ -25,6 +25,7 @@ from filelock import FileLock, Timeout
 
 from . import events, knobs
 from .limits import EngineLimits
+from .own_cpu import OwnThread
 from .plan_cache import PlanStore, SavedPlan, plan_key
 from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, planner_entry, run_in_thread
 from .priority import Priority
@@ -116,7 +117,7 @@ class PlanningRun(Sink):
         self._result = SavedPlan()  # what this run found, to be saved
         self.saved_plan: str | None = None  # the saved plan read instead of planning, or the one written
         self.read_saved = False  # True when planning was a saved plan, read
-        self._thread = threading.Thread(target=self._run, name="jit_ahead-planning", daemon=True)
+        self._thread = OwnThread(target=self._run, name="jit_ahead-planning", daemon=True)
 
     def start(self) -> "PlanningRun":
         self._thread.start()

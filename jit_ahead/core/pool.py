@@ -22,6 +22,7 @@ from . import events
 from .build_cost import BuildCost, HelperLoad
 from .device_view import DeviceView, ViewOnDemand
 from .knobs import checked_process_count, checked_seconds
+from .own_cpu import OwnThread
 from .preload_list import PreloadList
 from .priority import Priority
 from .requests import BuildRequest
@@ -180,8 +181,9 @@ class HelperPool:
                 return
             self._slots_started = True
             for slot in range(self.workers):
-                thread = threading.Thread(target=self._slot_main, args=(slot,), daemon=True,
-                                          name=f"jit_ahead-{self.family.name}-slot{slot}")
+                thread = OwnThread(target=self._slot_main, args=(slot,), daemon=True,
+                                   name=f"jit_ahead-{self.family.name}-slot{slot}",
+                                   kind=f"jit_ahead-{self.family.name}-slots")
                 try:
                     thread.start()
                 except RuntimeError as exc:  # at a thread or process limit: fewer slots, never a failed submit
@@ -193,8 +195,8 @@ class HelperPool:
                     break
                 self._threads.append(thread)
             if self._urgent_running:
-                thread = threading.Thread(target=self._slot_main, args=(self._urgent_slot,), daemon=True,
-                                          name=f"jit_ahead-{self.family.name}-slot-urgent")
+                thread = OwnThread(target=self._slot_main, args=(self._urgent_slot,), daemon=True,
+                                   name=f"jit_ahead-{self.family.name}-slot-urgent")
                 try:
                     thread.start()
                     self._threads.append(thread)

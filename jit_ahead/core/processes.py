@@ -22,6 +22,7 @@ import warnings
 
 
 from .unfinished_imports import forget_unfinished_imports
+from .own_cpu import OwnThread
 
 log = logging.getLogger("jit_ahead.processes")
 
@@ -139,7 +140,7 @@ class Spawner:
             if self._closed:
                 raise OSError(errno.ESHUTDOWN, f"the {self._name} thread is closed")
             if self._thread is None:
-                thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                thread = OwnThread(target=self._loop, name=self._name, daemon=True)
                 try:
                     thread.start()
                 except RuntimeError as exc:  # at a thread or process limit: as a failed fork would say

@@ -10,7 +10,8 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import registry
-from . import device_view, events, knobs
+from . import device_view, events, knobs, own_cpu
+from .own_cpu import counted
 from .limits import EngineLimits
 from .priority import Priority
 from .readiness import Readiness, ReadyRule, readiness
@@ -29,6 +30,7 @@ log = logging.getLogger("jit_ahead.session")
 EXIT_GRACE_S = 0.1
 
 class Session:
+    @counted("session start")
     def __init__(self, families=("triton",), *, stats: Stats | None = None, skip_unavailable: bool = False,
                  announce: bool = False, **family_options) -> None:
         """``skip_unavailable``: a family whose DSL is not installed is left out with one line instead of
@@ -66,12 +68,14 @@ class Session:
     def phase(self) -> str:
         return self.stats.phase
 
+    @counted("session start")
     def start(self) -> "Session":
         for family in self.families.values():
             family.start()
         return self
 
     # -- lifecycle for engines ---------------------------------------------------------------------------
+    @counted("plan_model")
     def plan_model(self, model, limits: EngineLimits, providers=None) -> PlanningRun:
         """Start planning ``model`` within ``limits`` in the background and return at once.
 
@@ -110,6 +114,7 @@ class Session:
             self._plans = PlanStore(folder) if folder is not None else False
         return self._plans or None
 
+    @counted("waits")
     def wait_ready(self, timeout: float | None = None, priority: Priority | None = None,
                    whole_plan: bool | None = None) -> bool:
         """Wait until planning has listed and queued what the ready rule asks for, replay has queued its
@@ -162,6 +167,7 @@ class Session:
         else:
             log.warning("%s", state.line())
 
+    @counted("waits")
     def wait_planned(self, timeout: float | None = None, priority: Priority | None = Priority.WARMUP) -> bool:
         """Wait until planning has queued every launch up to ``priority`` (None: every launch) and replay
         has queued its records, without waiting for the builds; True if that happened within ``timeout``.
@@ -185,6 +191,7 @@ class Session:
         """``callback()`` runs once when serving starts (e.g. to cancel a fallback timer)."""
         self._serving_listeners.append(callback)
 
+    @counted("tune-ahead")
     def tune_ahead(self, budget_bytes: int | None = None) -> dict:
         """Run, on this process's GPU, the autotuners' benchmarks for every tuning key planning met that has
         no choice yet, so that none benchmarks while serving (each family's ``tune_ahead``; the Triton one:
@@ -208,6 +215,7 @@ class Session:
                 done[name] = summary
         return done
 
+    @counted("load into memory")
     def load_into_memory(self) -> dict:
         """Bring every variant planned or replayed so far that is built into this process's in-memory DSL
         caches (each family's ``load_into_memory``), so that none loads from disk while serving: what an
@@ -222,6 +230,7 @@ class Session:
                                for name, summary in done.items()))
         return done
 
+    @counted("mark_serving")
     def mark_serving(self, tune_ahead: bool = True) -> None:
         """The engine finished warmup: from here on, a compile on the executor is a miss to report, and
         helpers exit once their queue is empty. Before that, in the calling thread, with ``tune_ahead`` and
@@ -234,6 +243,7 @@ class Session:
         for callback in self._serving_listeners:
             callback()
         self._say_ready(ReadyRule.from_knob())
+        self.stats.emit(events.OwnCpu({"own_s": own_cpu.total(), "by_where": own_cpu.seconds()}))
         self.stats.phase = "serving"
         self.stats.emit(events.Phase())
         for family in self.families.values():
@@ -290,7 +300,8 @@ class Session:
 
     def summary(self) -> dict:
         """Counts for the one-line summary at exit."""
-        out = {"planned": sum(sum(run.variants.values()) for run in self._planning), **self._tally}
+        out = {"planned": sum(sum(run.variants.values()) for run in self._planning), **self._tally,
+               "own CPU seconds in this process": round(own_cpu.total(), 2)}
         if self.stats_log is not None:
             failed = self.stats_log.failed
             out["stats log"] = str(self.stats_log.path) + (f" (off after a failed write: {failed})" if failed else "")

@@ -9,6 +9,7 @@ since it was recorded rebuilds under a new hash, which its helper reports as a h
 """
 from __future__ import annotations
 
+import re
 import sysconfig
 import threading
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import triton
 
 from ..core.processes import fork_safe_lock
+from ..core.own_cpu import OwnTimer, spent
 from ..core.records import RecordFormat, is_dotted_name
 from .request import FAMILY, TritonCompileRequest
 from .variant_diff import is_specialization
@@ -28,6 +30,9 @@ def _cache_invalidating_env() -> list[list[str]]:
 
 
 _key_lock = fork_safe_lock()
+# Triton's own work, which a process without jit_ahead does at its first compile or load: counted apart
+INSTALLATION_KEY = "Triton's installation key (computed without jit_ahead too)"
+_HASH = re.compile("[0-9a-f]{64}")
 
 
 def installation_key() -> str:
@@ -35,7 +40,7 @@ def installation_key() -> str:
     once: a caller arriving while another thread computes it waits for that result."""
     from triton.runtime.cache import triton_key
 
-    with _key_lock:
+    with _key_lock, spent(INSTALLATION_KEY, also_without=True):
         return triton_key()
 
 
@@ -44,7 +49,7 @@ def compute_installation_key_in_background(delay: float) -> threading.Timer:
     whole install, and planning's first step, the plan key, needs it. A server builds its model meanwhile;
     a process that is gone by then (a script that only imports Triton) never pays for it, and one that
     plans or replays records sooner computes it there. Cancel the timer to skip it."""
-    timer = threading.Timer(delay, installation_key)
+    timer = OwnTimer(delay, installation_key)
     timer.name, timer.daemon = "jit_ahead-triton-key", True
     timer.start()
     return timer
@@ -88,7 +93,7 @@ def decode_for(target: tuple[str, int, int], env: list[list[str]]):
         if not (is_dotted_name(module) and is_dotted_name(qualname) and str(name).isidentifier()):
             raise ValueError(f"not a kernel name: {module!r} {qualname!r}")
         spec, digest = entry["spec"], entry["hash"]
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        if not (isinstance(digest, str) and _HASH.fullmatch(digest)):
             raise ValueError("bad hash")
         if not is_specialization(spec):
             raise ValueError("the specialization is not Triton's specialization JSON")

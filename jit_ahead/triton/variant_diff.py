@@ -67,10 +67,16 @@ def nearest(variant: str, candidates: list[str]) -> tuple[str | None, list[str]]
 
 
 def is_specialization(specialization_data: object) -> bool:
-    """Whether this is Triton's specialization JSON as ``fields`` reads it."""
+    """Whether this is Triton's specialization JSON as ``fields`` reads it: an object with a signature,
+    its constants and attributes as lists and its options as an object. A structural check, without the
+    field view itself: it runs for each of a saved plan's entries at every start."""
     try:
         data = json.loads(specialization_data)  # type: ignore[arg-type]
-        _fields_of(data)
-        return isinstance(data.get("signature"), dict)
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return False
+    return (isinstance(data, dict) and isinstance(data.get("signature"), dict)
+            and all(isinstance(data.get(key, []), list) for key in _LISTS)
+            and isinstance(data.get("options", {}), dict))
+
+
+_LISTS = ("constant_keys", "constant_vals", "attrs_keys", "attrs_vals")

@@ -75,9 +75,17 @@ def child(model_name: str, arm: str, seed: int, cold: bool) -> dict:
     marks["ready"] = time.perf_counter()
     demo_models.warmup(model, limits, "meta")
     marks["warmup"] = time.perf_counter()
+    own = None
     if session is not None:
         session.mark_serving(tune_ahead=cold)
+        try:
+            from jit_ahead.core import own_cpu
+        except ImportError:  # a --tree from before jit_ahead counted its own CPU
+            own_cpu = None
+        if own_cpu is not None:
+            own = {"own_s": own_cpu.total(), "by_where": own_cpu.seconds()}  # jit_ahead's CPU in this process
     marks["serving_mark"] = time.perf_counter()
+    cpu_before_serving = time.process_time()
     rng = random.Random(seed)
     for i in range(REQUESTS):
         batch = rng.randint(1, limits.max_batch_size)
@@ -85,7 +93,8 @@ def child(model_name: str, arm: str, seed: int, cold: bool) -> dict:
         lengths = demo_models.prompt_lengths(batch, prompt, seed=seed + i) if i % 3 == 2 else None
         demo_models.serve(model, batch, prompt, rng.randint(1, 4), device="meta", lengths=lengths)
     marks["serving"] = time.perf_counter()
-    result = {"arm": arm, "seed": seed, "marks": {k: round(v - t0, 4) for k, v in marks.items()}}
+    result = {"arm": arm, "seed": seed, "marks": {k: round(v - t0, 4) for k, v in marks.items()}, "own_cpu": own,
+              "process_cpu_before_serving_s": round(cpu_before_serving, 3)}
     result["jit_ahead"] = os.path.dirname(sys.modules["jit_ahead"].__file__)  # which tree's (--tree)
     if run is not None:
         result.update(variants=sum(run.variants.values()), plan_loaded=bool(run.read_saved),
@@ -178,6 +187,15 @@ def main() -> int:
         lines.append(f"| {p} | {med['plain'][p]:.3f} | {med['jit'][p]:.3f} | {med['jit'][p] - med['plain'][p]:+.3f} |")
     lines += ["", f"Process time with / without, median of the rounds' ratios: {statistics.median(pair_ratios):.3f} "
               f"(rounds: {', '.join(f'{x:.3f}' for x in pair_ratios)})"]
+    owns = [r["own_cpu"] for r in by_arm["jit"] if r.get("own_cpu")]
+    if owns:  # what of the jit arms' CPU was jit_ahead's own, which the host's noise does not blur
+        cpu = {arm: statistics.median(r["process_cpu_before_serving_s"] for r in rs) for arm, rs in by_arm.items()}
+        where = sorted({w for o in owns for w in o["by_where"]}, key=lambda w: -statistics.median(
+            o["by_where"].get(w, 0.0) for o in owns))
+        lines += ["", f"jit_ahead's own CPU in the jit processes before serving, median: "
+                  f"{statistics.median(o['own_s'] for o in owns):.3f} s; process CPU before serving, median "
+                  f"plain {cpu['plain']:.2f} s, jit {cpu['jit']:.2f} s. By where (median s): "
+                  + ", ".join(f"{w} {statistics.median(o['by_where'].get(w, 0.0) for o in owns):.3f}" for w in where)]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "warm_start.json"), "w") as f:
         json.dump({"seed": seed, "model": args.model, "limits": SETS[args.limits], "reused_cache": reuse, "requests": REQUESTS, "versions": info,

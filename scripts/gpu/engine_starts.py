@@ -375,6 +375,12 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         session.mark_serving(tune_ahead=arm != "busy-jit")
         torch.cuda.synchronize()
     t_tuned = time.perf_counter() - T0
+    cpu_before_serving = time.process_time()  # every thread's, this process's: the start's CPU
+    own = None
+    if session is not None:  # of it, jit_ahead's own (its threads and the session's calls): core/own_cpu.py
+        from jit_ahead.core import own_cpu
+
+        own = {"own_s": own_cpu.total(), "by_where": own_cpu.seconds()}
     if profiler is not None and profile_to == "serving":
         profile_top = _profile_top(profiler, count=45)
     counter.phase = tuning.phase = host.phase = "serving"
@@ -423,6 +429,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
               "host_builds_warmup": host.builds["warmup"], "host_builds_serving": host.builds["serving"]}
     result.update(loaded)
     result["choices"] = autotune_choices()
+    result["process_cpu_before_serving_s"] = round(cpu_before_serving, 3)
+    result["own_cpu"] = own
     result["serving_watch"] = serving_watch
     result["request_s"] = [round(t, 4) for t in latencies]
     result["request_gpu_s"] = [round(t, 4) for t in gpu_seconds]
@@ -613,6 +621,15 @@ def report_lines(report: dict) -> list[str]:
                              f"guard reports {[r.get('guards_serving') for r in cold['jit']]}, longest wait "
                              f"{[r.get('longest_wait_s') for r in cold['jit']]} s, ready line "
                              f"{[_ready_figures(r) for r in cold['jit']]}")
+            owned = [r for r in runs_of(model, set_name, "jit-warm") if r.get("own_cpu")]
+            plain_cpu = [r["process_cpu_before_serving_s"] for r in runs_of(model, set_name, "plain-warm")
+                         if "process_cpu_before_serving_s" in r]
+            if owned and plain_cpu:  # the share of a warm start's CPU that is jit_ahead's, which noise does not blur
+                lines.append(f"\n{model} {set_name}: warm starts' CPU before serving, median: jit_ahead's own "
+                             f"{median(r['own_cpu']['own_s'] for r in owned):.2f} s of "
+                             f"{median(r['process_cpu_before_serving_s'] for r in owned):.1f} s with it; "
+                             f"{median(plain_cpu):.1f} s without it. By where, the first jit-warm run: "
+                             + ", ".join(f"{w} {v:.2f}" for w, v in owned[0]["own_cpu"]["by_where"].items()))
             pairs = {arm: [r["serving_s"] for r in runs_of(model, set_name, arm)] for arm in ("busy-plain", "busy-jit")}
             if pairs["busy-plain"] and pairs["busy-jit"]:
                 lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
