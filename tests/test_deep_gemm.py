@@ -180,6 +180,23 @@ rebuild(record, [Path(sys.argv[2])], [Path(sys.argv[3])], nvcc=sys.argv[4])
 """
 
 
+def tree_of(pid: int) -> list[psutil.Process]:
+    """The process and its descendants now (none once it is gone)."""
+    try:
+        process = psutil.Process(pid)
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def name_of(process: psutil.Process) -> str | None:
+    """Its name; None if it ended since it was listed (a shell's short-lived child)."""
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return None
+
+
 def test_a_rebuild_killed_midway_leaves_no_entry_and_the_next_one_builds_it(tmp_path):
     record, include = make_record(tmp_path)
     (tmp_path / "record.json").write_text(json.dumps(record.to_json()))
@@ -190,19 +207,21 @@ def test_a_rebuild_killed_midway_leaves_no_entry_and_the_next_one_builds_it(tmp_
     held.chmod(0o755)
     proc = subprocess.Popen([sys.executable, "-c", REBUILD, str(tmp_path / "record.json"), str(root), str(include),
                              str(held)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 120
-    compiling = []
-    while not compiling and time.monotonic() < deadline and proc.poll() is None:
-        compiling = [p for p in psutil.Process(proc.pid).children(recursive=True) if "sleep" in p.name()]
-        time.sleep(0.01)
-    assert compiling, "the build never started"
-    assert list((root / "tmp").iterdir())  # its private folder, mid-build
-    for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:  # as a crash would
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
+    try:
+        deadline = time.monotonic() + 120
+        compiling = []
+        while not compiling and time.monotonic() < deadline and proc.poll() is None:
+            compiling = [p for p in tree_of(proc.pid)[1:] if name_of(p) == "sleep"]
+            time.sleep(0.01)
+        assert compiling, "the build never started"
+        assert list((root / "tmp").iterdir())  # its private folder, mid-build
+    finally:
+        for p in tree_of(proc.pid):  # as a crash would (and, if the test failed above, nothing left behind)
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait()
     assert disk_cache.find([root], record.name, record.key) is None
     assert not (root / "cache").exists() or not list((root / "cache").iterdir())
     entry, built = rebuild(record, [root], [include], nvcc=NVCC)
