@@ -6,20 +6,24 @@ declare under the entry-point group ``jit_ahead.families``. Its ``FamilyInfo`` n
 implements it, imported only when a session asks for the family (it imports its DSL).
 
 The parts of a family:
-- its **builder**, a module helpers import (``Builder``): ``prepare(device_view)`` once per helper, then
-  ``build(payload)`` per request; a build on the executor calls the family's ``build_here``;
+- its **builder**, a module helpers import (``FamilySpec.builder``): ``prepare(device_view)`` once per
+  helper, before it reports Ready (shows the kernel libraries the server's GPU, pays the fixed costs;
+  returns what the helper reports about itself), then ``build(payload)`` per request (builds into the DSL's
+  cache atomically, returns details for the stats log, raises on failure); a build on the executor calls
+  the family's ``build_here``;
 - its **executor** side (``ExecutorBase`` in ``core/executor.py``): the DSL's hook calls it on a miss;
-- the **family** itself (``Family``; ``FamilyBase`` holds the shared part): the pool, the hooks, planning's
-  captures, saved-plan entries, records and their replay.
+- the **family** itself (``Family`` below): the pool, the hooks, planning's captures, saved-plan entries,
+  records and their replay.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from .priority import Priority
 from .own_cpu import OwnThread
@@ -27,7 +31,6 @@ from .records import KNOB as RECORD_KNOB
 from .records import recording_enabled
 
 if TYPE_CHECKING:
-    from .device_view import DeviceView
     from .pool import HelperPool
     from .records import RecordFolder
     from .stats import Stats
@@ -36,76 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("jit_ahead.family")
 
 
-# -- the contract ----------------------------------------------------------------------------------------------
-@runtime_checkable
-class Builder(Protocol):
-    """The module a family's helpers import (``FamilySpec.builder``)."""
-
-    def prepare(self, view: DeviceView | None = None) -> dict:
-        """Once per helper, before Ready: show the kernel libraries the server's GPU (``view``), pay the fixed
-        costs; returns what the helper reports about itself."""
-
-    def build(self, payload: Any) -> dict:
-        """Build one request's payload into the DSL's cache (atomically); returns details for the stats log.
-        Raises on failure."""
-
-
-@runtime_checkable
-class Family(Protocol):
-    """What the session, planning and saved plans use of a family."""
-
-    name: str
-    pool: HelperPool
-    executor: Any  # an ExecutorBase
-
-    def start(self) -> None:
-        """Start the pool (helpers start when work is queued), install the DSL hooks, open the records."""
-
-    def close(self, grace: float = 2.0) -> None:
-        """Remove every hook and patch this family installed; builds still running after ``grace`` are
-        abandoned."""
-
-    def capture(self, target: Any = None) -> AbstractContextManager:
-        """Planning: a context in which the DSL's launches are captured as requests instead of run."""
-
-    def enter_planner(self) -> None:
-        """In a planner process forked from the server, before it captures anything."""
-
-    def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND,
-               source: str = "plan") -> list[Ticket]:
-        """Queue what is not built yet (a capture or requests); ``source`` is "plan" or "record"."""
-
-    def wait_replay(self, timeout: float | None = None) -> bool:
-        """Wait until the records are read and their variants queued."""
-
-    def note_groups(self, groups: Any) -> None:
-        """Variants built and benchmarked together (an autotuner's configs), found by a planner."""
-
-    def note_tuning(self, tasks: Any, priority: Priority) -> None:
-        """Tuning tasks a planner met, for tune-ahead."""
-
-    def tuning_encode(self, task: Any) -> dict: ...
-
-    def tuning_decode(self, entry: dict) -> Any: ...
-
-    def tune_ahead(self, budget_bytes: int | None = None) -> dict:
-        """Before serving, on the GPU: what would otherwise benchmark while serving."""
-
-    def load_into_memory(self) -> dict:
-        """Before serving: every variant planned or replayed so far that is built, into the DSL's in-memory
-        cache of this process, so that its first launch is an in-memory hit; counts by outcome."""
-
-    def plan_header(self) -> dict:
-        """What the family's saved entries depend on besides themselves (a saved plan is keyed by it)."""
-
-    def plan_encode(self, request: Any) -> dict: ...
-
-    def plan_decode(self, entry: dict) -> Any: ...
-
-
-class FamilyBase(ABC):
-    """What every family shares: the request table, the pool and executor, the start and close order, and
-    records.
+class Family(ABC):
+    """The family contract, declared once: what the session, planning and saved plans ask of a family (the
+    public methods below, abstract where each family has its own), and what every family shares: the
+    request table, the pool and executor, the start and close order, and records. The session and planning
+    use a family only through these methods.
 
     Records (``JIT_AHEAD_RECORD_DIR``): the family's record folders are opened, and their entries replayed,
     in a thread beside the server's start (``_open_records``); what the family records before they are
@@ -130,6 +68,7 @@ class FamilyBase(ABC):
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the pool (helpers start when work is queued), install the DSL hooks, open the records."""
         self.pool.start()
         if self._records_wanted():
             self._unrecorded = []
@@ -141,6 +80,8 @@ class FamilyBase(ABC):
         self._hooked = True
 
     def close(self, grace: float = 2.0) -> None:
+        """Remove every hook and patch this family installed; builds still running after ``grace`` are
+        abandoned."""
         if self._hooked:
             self._hooked = False
             self._remove_hooks()
@@ -151,6 +92,39 @@ class FamilyBase(ABC):
             if folder is not None:
                 folder.close()
         self.pool.close(grace)
+
+    def settle(self, priority: Priority, deadline: float | None) -> bool:
+        """Wait until every request up to ``priority`` is built, failed or quarantined, until ``deadline``
+        (``time.monotonic``; None: no limit); with no helpers, they are built here, on the calling thread.
+        True if they all settled in time."""
+        if self.pool.builds_nothing():
+            self.executor.build_queued(priority, deadline)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self.table.wait_settled(priority, remaining)
+
+    def start_serving(self) -> None:
+        """The engine is serving: helpers exit once the queue is empty (JIT_AHEAD_SERVING_WORKERS keep going)."""
+        self.pool.retire_when_idle()
+
+    def preload(self, modules: Iterable[str]) -> None:
+        """Libraries the work about to be queued needs: helpers (and the fork server) import them once."""
+        self.pool.preload(modules)
+
+    def follow_planning(self, finished: Callable[[], bool]) -> None:
+        """``finished()`` says whether every planning run is done: until then the guard knows an unplanned
+        variant may still be listed."""
+        self.executor.planning_finished = finished
+
+    @property
+    def helpers(self) -> int:
+        """How many helpers this family's pool runs at most."""
+        return self.pool.workers
+
+    def helper_estimate(self) -> tuple[int, float | None]:
+        """The helpers that keep building while serving, and the seconds one build takes in a helper as
+        measured so far (None before the first): what the ready line's time estimate is made of."""
+        pool = self.pool
+        return min(pool.workers, pool.serving_workers), pool.cost.helper.value
 
     def _records_wanted(self) -> bool:
         """Whether this family opens record folders at start (JIT_AHEAD_RECORD_DIR, by default)."""
@@ -200,6 +174,7 @@ class FamilyBase(ABC):
         return True
 
     def wait_replay(self, timeout: float | None = None) -> bool:
+        """Wait until the records are read and their variants queued."""
         thread = self._replay_thread
         if thread is not None:
             thread.join(timeout)
@@ -208,13 +183,14 @@ class FamilyBase(ABC):
 
     # -- planning: what a family without autotuners or planner set-up does ---------------------------------------
     def enter_planner(self) -> None:
-        """Nothing to set up in a planner process."""
+        """In a planner process forked from the server, before it captures anything; by default, nothing."""
 
     def note_groups(self, groups: Any) -> None:
-        """No variants are benchmarked together."""
+        """Variants built and benchmarked together (an autotuner's configs), found by a planner; by default
+        there are none."""
 
     def note_tuning(self, tasks: Any, priority: Priority) -> None:
-        """No tuning tasks."""
+        """Tuning tasks a planner met, for tune-ahead; by default there are none."""
 
     def tuning_encode(self, task: Any) -> dict:
         raise TypeError(f"the {self.name} family has no tuning tasks")
@@ -223,23 +199,28 @@ class FamilyBase(ABC):
         raise TypeError(f"the {self.name} family has no tuning tasks")
 
     def tune_ahead(self, budget_bytes: int | None = None) -> dict:
-        """Nothing to tune ahead."""
+        """Before serving, on the GPU: what would otherwise benchmark while serving; by default, nothing."""
         return {}
 
     def load_into_memory(self) -> dict:
-        """Nothing loaded ahead: the family's hook brings each build in at its call (the CuTe DSL's
+        """Before serving: every variant planned or replayed so far that is built, into the DSL's in-memory
+        cache of this process, so that its first launch is an in-memory hit; counts by outcome. By default
+        nothing is loaded ahead: the family's hook brings each build in at its call (the CuTe DSL's
         ``cute.compile``, DeepGEMM's and TileLang's loaders), which is where an engine's watcher sees it."""
         return {}
 
     @abstractmethod
-    def capture(self, target: Any = None) -> AbstractContextManager: ...
+    def capture(self, target: Any = None) -> AbstractContextManager:
+        """Planning: a context in which the DSL's launches are captured as requests instead of run."""
 
     @abstractmethod
     def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND,
-               source: str = "plan") -> list[Ticket]: ...
+               source: str = "plan") -> list[Ticket]:
+        """Queue what is not built yet (a capture or requests); ``source`` is "plan" or "record"."""
 
     @abstractmethod
-    def plan_header(self) -> dict: ...
+    def plan_header(self) -> dict:
+        """What the family's saved entries depend on besides themselves (a saved plan is keyed by it)."""
 
     @abstractmethod
     def plan_encode(self, request: Any) -> dict: ...

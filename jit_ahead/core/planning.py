@@ -390,7 +390,7 @@ class PlanningRun(Sink):
                 if layers and family is not None and provider.modules:
                     # Helpers import the library while its launches are enumerated; a library the
                     # model does not use is never imported there.
-                    family.pool.preload(provider.modules)
+                    family.preload(provider.modules)
                 # streamed up to what is left of the budget: limits far beyond it list nothing more
                 launches = list(itertools.islice(provider.launches(layers, self._limits), budget + 1)) if layers else []
                 if len(launches) > budget:

@@ -109,10 +109,8 @@ def readiness(runs: list, families: dict, rule: ReadyRule) -> Readiness:
     failed = sum(p.failed for p in progress)
     estimate, helpers = None, 0
     for family in families.values():
-        pool = family.pool
-        count = min(pool.workers, pool.serving_workers)
+        count, per_build = family.helper_estimate()
         helpers += count
-        per_build = pool.cost.helper.value
         if per_build is not None and count:
             family_pending = sum(p.pending_by_family.get(family.name, 0) for p in progress)
             estimate = (estimate or 0.0) + family_pending * per_build / count

@@ -52,7 +52,7 @@ class Session:
         self._closed = False
         self._planning: list[PlanningRun] = []
         for family in self.families.values():  # the guard says whether an unplanned variant may come later
-            family.executor.planning_finished = lambda: all(run.done for run in self._planning)
+            family.follow_planning(lambda: all(run.done for run in self._planning))
         self._plans: PlanStore | bool | None = None  # saved plans (JIT_AHEAD_PLAN_DIR); False: none
         self._serving_listeners: list = []
         self._ready_lock = threading.Lock()
@@ -134,11 +134,7 @@ class Session:
         deadline = None if timeout is None else time.monotonic() + timeout
         ready = self.wait_planned(timeout, rule.priority if not rule.whole_plan else None)
         if ready:
-            for family in self.families.values():
-                if family.pool.builds_nothing():
-                    family.executor.build_queued(rule.priority, deadline)
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = all(family.table.wait_settled(rule.priority, remaining) for family in self.families.values())
+            ready = all(family.settle(rule.priority, deadline) for family in self.families.values())
         if ready:  # a wait that timed out says nothing: the line comes when serving starts
             self._say_ready(rule)
         return ready
@@ -247,7 +243,7 @@ class Session:
         self.stats.phase = "serving"
         self.stats.emit(events.Phase())
         for family in self.families.values():
-            family.pool.retire_when_idle()
+            family.start_serving()
 
     def close(self, grace: float = 2.0) -> None:
         """Stop every family's helpers; builds still running after ``grace`` seconds are abandoned."""
@@ -274,7 +270,7 @@ class Session:
     def describe(self) -> str:
         """The families and their helpers, for the start-up line; once a model is planned, how far its
         plan is (``readiness``)."""
-        line = ", ".join(family_helpers(name, family.pool.workers)
+        line = ", ".join(family_helpers(name, family.helpers)
                          for name, family in self.families.items()) or "no family available"
         if self._planning:
             state = self.readiness()

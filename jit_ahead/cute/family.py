@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from ..core import device_view, events
 from ..core import knobs as core_knobs
-from ..core.family import FamilyBase
+from ..core.family import Family
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.stats import Stats
@@ -39,7 +39,7 @@ SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.cute.build", workers_knob=work
                   preload_knob="JIT_AHEAD_CUTE_PRELOAD")
 
 
-class CuteFamily(FamilyBase):
+class CuteFamily(Family):
     """CuTe DSL kernels have no autotuner: no autotune groups, tuning tasks or tune-ahead (the base
     class's defaults), and a planner needs nothing of its own (the arch is this family's, the device view
     pinned by the planner)."""

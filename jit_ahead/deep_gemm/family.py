@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from ..core import events
 from ..core import knobs as core_knobs
 from ..core.executor import ExecutorBase
-from ..core.family import FamilyBase
+from ..core.family import Family
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.records import RecordFolder, RecordFormat, record_folder
@@ -61,7 +61,7 @@ class DeepGemmExecutor(ExecutorBase):
     key_of = staticmethod(key_of)
 
 
-class DeepGemmFamily(FamilyBase):
+class DeepGemmFamily(Family):
     name = FAMILY
 
     def __init__(self, stats, *, workers: int | None = None, wait_timeout: float | None = None,

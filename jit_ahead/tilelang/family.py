@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from ..core import events
 from ..core import knobs as core_knobs
-from ..core.family import FamilyBase
+from ..core.family import Family
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.records import RecordFolder, record_folder
@@ -31,7 +31,7 @@ SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.tilelang.build", workers_knob=
                   preload_knob="JIT_AHEAD_TILELANG_PRELOAD")
 
 
-class TileLangFamily(FamilyBase):
+class TileLangFamily(Family):
     """TileLang kernels: no autotune groups or tuning tasks. TileLang's autotuner compiles its candidates in
     threads of its own, outside any capture: they are not planned (the chosen kernel is, when a provider
     plans the call with its config)."""

@@ -13,7 +13,7 @@ from triton.backends.compiler import GPUTarget
 
 from ..core import device_view, events
 from ..core import knobs as core_knobs
-from ..core.family import FamilyBase
+from ..core.family import Family
 from ..core.pool import FamilySpec, HelperPool
 from ..core.priority import Priority
 from ..core.records import KNOB as RECORD_KNOB
@@ -45,7 +45,7 @@ SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob=wo
 INSTALLATION_KEY_DELAY_S = 1.0
 
 
-class TritonFamily(FamilyBase):
+class TritonFamily(Family):
     name = FAMILY
     # records: the variants this process built or loaded, and its autotune choices (per GPU model)
     record_kinds = ("records", "tuning_records")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from jit_ahead.core import events, knobs
 from jit_ahead.core.device_view import DeviceView
 from jit_ahead.core.executor import ExecutorBase, Outcome, kernel_of
-from jit_ahead.core.family import FamilyBase
+from jit_ahead.core.family import Family
 from jit_ahead.core.pool import FamilySpec, HelperPool
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.records import RecordFormat, RecordFolder, record_folder
@@ -95,7 +95,7 @@ def _record_format() -> RecordFormat:
                         decode=lambda e: ToyRequest(str(e["kernel"]), str(e["spec"])))
 
 
-class ToyFamily(FamilyBase):
+class ToyFamily(Family):
     name = FAMILY
 
     def __init__(self, stats, *, workers: int | None = None, wait_timeout: float | None = None,
