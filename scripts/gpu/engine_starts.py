@@ -299,6 +299,52 @@ class ServingWatch:
                 "gc_gen2_at": self.gc_where}
 
 
+def _main_thread_usage(since: dict | None = None) -> dict:
+    """The main thread's wall, CPU (user, system), page faults and context switches, from ``since``: a phase
+    slower with jit_ahead is told apart as the main thread waiting (for the GIL: waits, CPU unchanged), or
+    working more (copy-on-write faults after a fork: system time and minor faults)."""
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_THREAD)
+    now = {"wall_s": time.perf_counter(), "user_s": u.ru_utime, "system_s": u.ru_stime, "minor_faults": u.ru_minflt,
+           "major_faults": u.ru_majflt, "waits": u.ru_nvcsw, "preempted": u.ru_nivcsw,
+           "threads": threading.active_count()}
+    if since is None:
+        return now
+    out = {k: round(v - since[k], 3) for k, v in now.items() if k != "threads"}
+    out["threads_at_end"] = now["threads"]
+    out["thread_names"] = sorted(t.name for t in threading.enumerate())
+    try:
+        import psutil
+
+        out["children"] = len(psutil.Process().children(recursive=True))
+    except ImportError:
+        pass
+    return out
+
+
+def _launch_path() -> dict:
+    """Who defines what each launch goes through when serving starts (Triton's own module, or a wrapper
+    left in place), the launch hooks and the module count: a serving phase slower with jit_ahead and nothing
+    of it running is told apart as a longer launch path or not."""
+    from triton import knobs
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    def where(f) -> str:
+        f = getattr(f, "fget", f)
+        return f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__name__)}"
+
+    path = {f"JITFunction.{n}": where(getattr(JITFunction, n)) for n in ("run", "__getitem__")}
+    path.update({f"Autotuner.{n}": where(Autotuner.__dict__.get(n, getattr(Autotuner, n, None)))
+                 for n in ("run", "_bench", "check_disk_cache", "prune_configs", "cache_results")})
+    for n in ("launch_enter_hook", "launch_exit_hook"):  # a chain of hooks (Triton 3.6+) or one, or none
+        hook = getattr(knobs.runtime, n, None)
+        path[n] = [where(c) for c in hook.calls] if hasattr(hook, "calls") else (hook and where(hook))
+    path["modules"] = len(sys.modules)
+    return path
+
+
 def _profile_top(profiler, count: int = 30) -> list[str]:
     """The calls with the most cumulative time, then those with the most own time, while ``profiler`` ran
     (the arm's start to the built model, or its serving); on Python 3.12 cProfile sees every thread, the
@@ -348,7 +394,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     torch.empty(1, device="cuda")  # the CUDA context, timed apart from the model's own imports and build
     t_cuda = time.perf_counter() - T0
     checkpoint = os.environ.get("ENGINE_STARTS_CHECKPOINT")  # --engine-style: weights from disk
+    build_usage0 = _main_thread_usage()
     model = build(model_name, "cuda", init=not checkpoint)  # weights from disk: not initialized first
+    build_usage = _main_thread_usage(build_usage0)
     run = None
     loaded = {}
     if checkpoint:
@@ -356,6 +404,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
             run = session.plan_model(model, limits)
         loaded = load_weights(model, checkpoint)
     t_model = time.perf_counter() - T0
+    cpu_model_built, modules_model_built = time.process_time(), len(sys.modules)
     profile_top = _profile_top(profiler) if profiler is not None and profile_to == "1" else None
     if arm == "busy-jit":  # background work for the whole serving time: another model, planned and built
         busy_model, busy_set = BUSY_MODEL
@@ -383,6 +432,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
         own = {"own_s": own_cpu.total(), "by_where": own_cpu.seconds()}
     if profiler is not None and profile_to == "serving":
         profile_top = _profile_top(profiler, count=45)
+    launch_path = _launch_path()
     counter.phase = tuning.phase = host.phase = "serving"
     watch = ServingWatch()
     serving_profiler = None
@@ -431,6 +481,10 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     result["choices"] = autotune_choices()
     result["process_cpu_before_serving_s"] = round(cpu_before_serving, 3)
     result["own_cpu"] = own
+    result["process_cpu_model_built_s"] = round(cpu_model_built, 3)
+    result["modules_model_built"] = modules_model_built
+    result["launch_path"] = launch_path
+    result["model_build_main_thread"] = build_usage
     result["serving_watch"] = serving_watch
     result["request_s"] = [round(t, 4) for t in latencies]
     result["request_gpu_s"] = [round(t, 4) for t in gpu_seconds]
@@ -630,6 +684,35 @@ def report_lines(report: dict) -> list[str]:
                              f"{median(r['process_cpu_before_serving_s'] for r in owned):.1f} s with it; "
                              f"{median(plain_cpu):.1f} s without it. By where, the first jit-warm run: "
                              + ", ".join(f"{w} {v:.2f}" for w, v in owned[0]["own_cpu"]["by_where"].items()))
+            built = {arm: [r for r in runs_of(model, set_name, arm) if "process_cpu_model_built_s" in r]
+                     for arm in ("jit-warm", "plain-warm")}
+            if built["jit-warm"] and built["plain-warm"]:  # the model build's own share: CPU and imports
+                lines.append(f"\n{model} {set_name}: warm starts at the built model, median jit / plain: process CPU "
+                             + " / ".join(f"{median(r['process_cpu_model_built_s'] for r in v):.2f}" for v in built.values())
+                             + " s, modules imported "
+                             + " / ".join(f"{median(r['modules_model_built'] for r in v):.0f}" for v in built.values())
+                             + "; launch path differences at serving: "
+                             + (", ".join(f"{k}: {v} / {built['plain-warm'][0]['launch_path'].get(k)}"
+                                          for k, v in built["jit-warm"][0]["launch_path"].items()
+                                          if k != "modules" and v != built["plain-warm"][0]["launch_path"].get(k))
+                                or "none"))
+            usage = {arm: [r["model_build_main_thread"] for r in runs_of(model, set_name, arm)
+                           if r.get("model_build_main_thread")] for arm in ("jit-warm", "plain-warm")}
+            if usage["jit-warm"] and usage["plain-warm"]:
+                lines.append(f"\n{model} {set_name}: the model build's main thread, median jit / plain: "
+                             + ", ".join(f"{k} " + " / ".join(f"{median(u[k] for u in v):g}" for v in usage.values())
+                                         for k in ("wall_s", "user_s", "system_s", "minor_faults", "waits", "preempted"))
+                             + f"; threads then {usage['jit-warm'][0]['thread_names']}, children "
+                             f"{usage['jit-warm'][0].get('children')} / {usage['plain-warm'][0].get('children')}")
+            ordered = [r for r in results if (r.get("model"), r.get("set")) == (model, set_name) and "error" not in r
+                       and r.get("arm") in ("jit-warm", "plain-warm")]
+            ratios = [a["process_s"] / b["process_s"] if a["arm"] == "jit-warm" else b["process_s"] / a["process_s"]
+                      for a, b in zip(ordered[::2], ordered[1::2]) if {a["arm"], b["arm"]} == {"jit-warm", "plain-warm"}]
+            if len(ratios) > 1:  # each pair's ratio: what the host's spread can decide
+                lines.append(f"\n{model} {set_name}: warm pair ratios jit / plain, in order: "
+                             + ", ".join(f"{x:.3f}" for x in ratios)
+                             + f"; median {median(ratios):.3f}, mean {statistics.fmean(ratios):.3f}, "
+                             f"standard deviation {statistics.stdev(ratios):.3f}")
             pairs = {arm: [r["serving_s"] for r in runs_of(model, set_name, arm)] for arm in ("busy-plain", "busy-jit")}
             if pairs["busy-plain"] and pairs["busy-jit"]:
                 lines.append(f"\n{model} {set_name}: serving time with background planning and builds / without, "
@@ -672,6 +755,18 @@ def report_lines(report: dict) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def _scratch(state: str | None, name: str):
+    """The arms' folders: a temporary one, or FOLDER/NAME kept for a later call (--state)."""
+    if state is None:
+        with tempfile.TemporaryDirectory() as scratch:
+            yield scratch
+        return
+    folder = os.path.join(state, name)
+    os.makedirs(folder, exist_ok=True)
+    yield folder
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -696,6 +791,9 @@ def main() -> int:
                              "included), kept as start_profile")
     parser.add_argument("--profile-serving", action="store_true",
                         help="profile each arm's serving of the request mix (serving_profile in the json)")
+    parser.add_argument("--state", metavar="FOLDER", default=None,
+                        help="keep the arms' caches, plans and records in FOLDER (kept after the run): a later call "
+                             "with --state FOLDER --arms '' --warm-pairs N adds warm pairs on the same cache")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--report", metavar="JSON", help="print the markdown of a saved engine_starts.json")
     args = parser.parse_args()
@@ -715,7 +813,7 @@ def main() -> int:
     def pairs(first: str, second: str, count: int) -> list[str]:
         return [arm for i in range(count) for arm in ((first, second) if i % 2 == 0 else (second, first))]
 
-    arms = (args.arms.split(",") + (["plain-cold"] if args.plain_cold else []) + pairs("jit-warm", "plain-warm", args.warm_pairs)
+    arms = ([a for a in args.arms.split(",") if a] + (["plain-cold"] if args.plain_cold else []) + pairs("jit-warm", "plain-warm", args.warm_pairs)
             + pairs("busy-plain", "busy-jit", args.busy))
     results = []
     os.makedirs(args.out, exist_ok=True)
@@ -739,10 +837,10 @@ def main() -> int:
             print(json.dumps(prime), flush=True)
     for set_name in args.sets.split(","):
         for model in args.models.split(","):
-            with tempfile.TemporaryDirectory() as scratch:
+            with _scratch(args.state, f"{model}-{set_name}") as scratch:
                 folders = {name: os.path.join(scratch, name) for name in ("cache", "plans", "records", "empty", "cold")}
                 for folder in folders.values():
-                    os.makedirs(folder, mode=0o700)
+                    os.makedirs(folder, mode=0o700, exist_ok=True)
                 folders["snapshot"] = os.path.join(scratch, "snapshot")  # made before the first busy arm
                 for arm in arms:
                     cache = {"jit-replay": folders["empty"], "plain-cold": folders["cold"]}.get(arm, folders["cache"])
