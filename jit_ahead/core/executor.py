@@ -12,7 +12,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from . import events
 from .pool import HelperPool
@@ -22,6 +22,7 @@ from .stats import Stats
 from .table import RequestTable, State
 
 log = logging.getLogger("jit_ahead.executor")
+T = TypeVar("T")
 
 # How often a launch waiting on a queued (not yet started) request re-decides between waiting and
 # building in place: the helpers' load and the queue change while it waits.
@@ -82,9 +83,9 @@ class ExecutorBase(ABC):
         """The build a helper runs, on the calling thread (the launch builds in place)."""
 
     @staticmethod
-    @abstractmethod
     def key_of(request: Any) -> str:
-        """The request's artifact key (its BuildRequest's key)."""
+        """The request's artifact key (its BuildRequest's key): its ``key``, unless the family says otherwise."""
+        return request.key
 
     def _take_new(self, request: Any) -> bool:
         """Note ``request`` as planned; True if it was not (called with the lock held)."""
@@ -132,6 +133,32 @@ class ExecutorBase(ABC):
     def guarding(self) -> bool:
         """True when a build now is one the guard reports: serving started and the guard is on."""
         return self.guard != "off" and self.stats.phase == "serving"
+
+    def serve_miss(self, variant: Any, t0: float, *, built: bool, load: Callable[[], T], compile_here: Callable[[], T],
+                   dsl: str, why: str = "was not planned") -> T:
+        """A call that missed the DSL's memory, for ``variant`` (described at ``t0``, ``time.perf_counter``):
+        built already (``built``), it is loaded; otherwise the guard reports a variant that needs a build
+        after serving started and no helper is building, then ``obtain`` waits for a helper or builds it
+        here, and it is loaded. A build that failed or a wait that timed out leaves the compile to the DSL
+        (``compile_here``), as without jit_ahead. One ``executor_miss`` event either way."""
+        request = variant.build_request()
+        if built:
+            outcome, waited = "disk", 0.0
+        else:
+            if self.guarding() and not self.building_ahead(request.key):
+                self.report_unplanned(request.label, request.key,
+                                      f"{request.label} {why} and needs a compile after serving started")
+            result, waited = self.obtain(request, self.build_here)
+            outcome = result.value
+        fields = dict(family=self.family, key=request.key, label=request.label, kernel=kernel_of(variant),
+                      outcome=outcome, planned=self.is_planned(request.key))
+        if outcome == Outcome.FALLBACK.value:
+            self.stats.emit(events.ExecutorMiss(seconds=time.perf_counter() - t0, **fields))
+            log.warning("%s: no build ahead (see above); %s compiles it in place", request.label, dsl)
+            return compile_here()
+        loaded = load()
+        self.stats.emit(events.ExecutorMiss(seconds=time.perf_counter() - t0, waited=waited, **fields))
+        return loaded
 
     def obtain(self, request: BuildRequest, build_here: Callable[[Any], dict | None]) -> tuple[Outcome, float]:
         """Make sure ``request`` is built before the launch goes on, waiting at most ``wait_timeout``;

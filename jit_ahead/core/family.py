@@ -13,7 +13,9 @@ The parts of a family:
   the family's ``build_here``;
 - its **executor** side (``ExecutorBase`` in ``core/executor.py``): the DSL's hook calls it on a miss;
 - the **family** itself (``Family`` below): the pool, the hooks, planning's captures, saved-plan entries,
-  records and their replay.
+  records and their replay;
+- its **variants** (``core/variant.py``): each buildable variant describes itself (key, label, whether it
+  is built, the build request a helper runs), so queueing, replaying and saving plans are written once, here.
 """
 from __future__ import annotations
 
@@ -25,16 +27,21 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .priority import Priority
+from . import events
+from . import knobs as core_knobs
+from .device_view import DeviceView, ViewOnDemand
 from .own_cpu import OwnThread
+from .pool import FamilySpec, HelperPool
+from .priority import Priority
 from .records import KNOB as RECORD_KNOB
-from .records import recording_enabled
+from .records import RecordFolder, RecordFormat, record_folder, recording_enabled
+from .table import RequestTable
 
 if TYPE_CHECKING:
-    from .pool import HelperPool
-    from .records import RecordFolder
+    from .executor import ExecutorBase
     from .stats import Stats
-    from .table import RequestTable, Ticket
+    from .table import Ticket
+    from .variant import Variant
 
 log = logging.getLogger("jit_ahead.family")
 
@@ -42,8 +49,11 @@ log = logging.getLogger("jit_ahead.family")
 class Family(ABC):
     """The family contract, declared once: what the session, planning and saved plans ask of a family (the
     public methods below, abstract where each family has its own), and what every family shares: the
-    request table, the pool and executor, the start and close order, and records. The session and planning
-    use a family only through these methods.
+    request table, the pool and executor, the start and close order, queueing variants, records and saved
+    plans. The session and planning use a family only through these methods.
+
+    A family declares its ``name``, its pool's ``spec`` and its ``executor_class``, and implements its hooks,
+    its capture and its ``record_format``; its variants implement ``core/variant.py``.
 
     Records (``JIT_AHEAD_RECORD_DIR``): the family's record folders are opened, and their entries replayed,
     in a thread beside the server's start (``_open_records``); what the family records before they are
@@ -52,19 +62,32 @@ class Family(ABC):
     kept in."""
 
     name: ClassVar[str]
+    spec: ClassVar[FamilySpec]  # the pool's builder module and knobs
+    executor_class: ClassVar[type[ExecutorBase]]
     record_kinds: ClassVar[tuple[str, ...]] = ("records",)
 
-    def __init__(self, stats: Stats, table: RequestTable, pool: HelperPool, executor: Any) -> None:
+    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
+                 preload: Iterable[str] | None = None, device_view: DeviceView | ViewOnDemand | None = None,
+                 env_overrides: dict[str, str] | None = None) -> None:
+        """``device_view``: what helpers show the kernel libraries of the server's GPU (None: nothing);
+        ``env_overrides``: the helpers' environment beyond the server's (where to build: the cache folder
+        this process loads from)."""
         self.stats = stats
-        self.table = table  # what is queued, building and built; the pool's helpers and the executor share it
-        self.pool = pool
-        self.executor = executor
+        self.table = RequestTable()  # what is queued, building and built; the pool's helpers and the executor share it
+        self.pool = HelperPool.from_knobs(self.spec, stats, self.table, workers=workers, device_view=device_view,
+                                          env_overrides=dict(env_overrides or {}))
+        self.pool.preload(tuple(preload or ()))
+        self.executor = self._new_executor(core_knobs.wait_timeout_s(wait_timeout), core_knobs.guard_mode())
         for kind in self.record_kinds:
             setattr(self, kind, None)
         self._records_lock = threading.Lock()
         self._unrecorded: list[tuple[str, Any]] | None = None
         self._replay_thread: threading.Thread | None = None
         self._hooked = False  # its hooks went in: a family closed without a start removes nobody's
+        self._format: RecordFormat | None = None
+
+    def _new_executor(self, wait_timeout: float, guard: str) -> ExecutorBase:
+        return self.executor_class(self.pool, self.table, self.stats, wait_timeout, guard=guard)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -156,9 +179,26 @@ class Family(ABC):
         for kind, item in pending:
             self._add_record(kind, item)
 
-    @abstractmethod
     def _open_records(self) -> dict[str, RecordFolder | None]:
-        """Open the family's record folders, queue what they hold (at REPLAY); returns them by kind."""
+        """Open the family's record folders and queue what they hold (at REPLAY); returns them by kind."""
+        folder = record_folder(self.record_format())
+        items = folder.read() if folder is not None else []
+        variants = [v for v in map(self._replayable, items) if v is not None]
+        tickets = self.submit(variants, Priority.REPLAY, source="record") if variants else []
+        self.stats.emit(events.Replay(family=self.name, variants=len(items), queued=len(tickets),
+                                      folder=str(folder.folder) if folder else None))
+        if items:
+            log.info("%s: replaying %d recorded variants (%d not built yet) from %s", self.name, len(items),
+                     len(tickets), folder.folder)
+        return {"records": folder}
+
+    def _replayable(self, item: Any) -> Variant | None:
+        """A record or saved-plan entry as the variant it stands for (None: skipped, with one line)."""
+        return item
+
+    def _record(self, variant: Variant) -> None:
+        """Each variant the executor met (its ``recorder``)."""
+        self._add_record("records", variant)
 
     def _add_record(self, kind: str, item: Any) -> None:
         """Record ``item`` in the folder of ``kind``, or keep it until the folders are open."""
@@ -213,17 +253,39 @@ class Family(ABC):
     def capture(self, target: Any = None) -> AbstractContextManager:
         """Planning: a context in which the DSL's launches are captured as requests instead of run."""
 
-    @abstractmethod
-    def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND,
+    # -- queueing and saved plans: written once, from what each variant says of itself --------------------------
+    def submit(self, variants: Iterable, priority: Priority = Priority.BACKGROUND,
                source: str = "plan") -> list[Ticket]:
-        """Queue what is not built yet (a capture or requests); ``source`` is "plan" or "record"."""
+        """Queue what is not built yet (what a capture found, or variants); ``source`` is "plan" or "record".
+        Helpers import the libraries the queued builds need before building them."""
+        variants = self._variants_of(variants)
+        self.executor.note_planned(variants, source)
+        builds = [v.build_request() for v in variants if self._needs_build(v, source)]
+        self.pool.preload(sorted({module for build in builds for module in build.modules}))
+        return [self.pool.submit(build, priority) for build in builds]
+
+    def _variants_of(self, found: Iterable) -> list[Variant]:
+        """What a capture found (its ``requests``), or variants, as a list of variants."""
+        return list(getattr(found, "requests", found))
+
+    def _needs_build(self, variant: Variant, source: str) -> bool:
+        return not variant.is_built()
 
     @abstractmethod
+    def record_format(self) -> RecordFormat:
+        """How the family's variants are written to records and saved plans, under which header."""
+
+    def _record_format(self) -> RecordFormat:
+        if self._format is None:  # asked once per saved-plan entry; the header reads versions
+            self._format = self.record_format()
+        return self._format
+
     def plan_header(self) -> dict:
         """What the family's saved entries depend on besides themselves (a saved plan is keyed by it)."""
+        return dict(self._record_format().header)
 
-    @abstractmethod
-    def plan_encode(self, request: Any) -> dict: ...
+    def plan_encode(self, variant: Any) -> dict:
+        return self._record_format().encode(variant)
 
-    @abstractmethod
-    def plan_decode(self, entry: dict) -> Any: ...
+    def plan_decode(self, entry: dict) -> Any:
+        return self._replayable(self._record_format().decode(entry))

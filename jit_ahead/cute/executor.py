@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.stats import Stats
 from ..core.table import RequestTable
@@ -55,10 +55,6 @@ class CuteExecutor(ExecutorBase):
         self._loaded: dict[str, object] = {}
         self._unsupported_seen: set[str] = set()
 
-    @staticmethod
-    def key_of(request) -> str:
-        return request.key
-
     def on_compile(self, compile_callable, func, args, kwargs, in_place):
         """The hook's handler. If handling the call fails, the DSL compiles it in place (the hook logs
         why), unless ``refuse_fallback_if_strict`` refuses it."""
@@ -86,7 +82,8 @@ class CuteExecutor(ExecutorBase):
             name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', type(func).__qualname__)}"
             self._unsupported(name, str(why), time.perf_counter() - t0)
             if self.guarding():
-                self._guard(name, None, f"cannot be built ahead ({why})")
+                self.report_unplanned(name, None, f"{name} cannot be built ahead ({why}) and needs a compile "
+                                      "after serving started")
             return in_place()
         if self.recorder is not None:
             self.recorder(request)
@@ -94,26 +91,14 @@ class CuteExecutor(ExecutorBase):
             loaded = self._loaded.get(request.key)
         if loaded is not None:
             return loaded
-        stats = self.stats
-        if object_path(request).exists():
-            outcome, waited = "disk", 0.0
-        else:
-            if self.guarding() and not self.building_ahead(request.key):
-                self._guard(request.label, request.key, "was not planned")
-            result, waited = self.obtain(request.build_request(), build_in_place)
-            outcome = result.value
-        planned = self.is_planned(request.key)
-        if outcome == Outcome.FALLBACK.value:
-            stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
-                                           outcome=outcome, planned=planned, seconds=time.perf_counter() - t0))
-            log.warning("%s: no build ahead (see above); the DSL compiles it in place", request.label)
-            return in_place()
+        return self.serve_miss(request, t0, built=request.is_built(), load=lambda: self._load(request),
+                               compile_here=in_place, dsl="the DSL")
+
+    def _load(self, request: CuteCompileRequest):
+        """Loaded once per key: a library calling ``cute.compile`` again for a variant gets the same object."""
         compiled = load(request)
         with self._lock:
-            compiled = self._loaded.setdefault(request.key, compiled)
-        stats.emit(events.ExecutorMiss(family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
-                                       outcome=outcome, planned=planned, seconds=time.perf_counter() - t0, waited=waited))
-        return compiled
+            return self._loaded.setdefault(request.key, compiled)
 
     def _unsupported(self, name: str, why: str, seconds: float) -> None:
         self.stats.emit(events.ExecutorMiss(family=FAMILY, key=None, label=name, kernel=name,
@@ -123,6 +108,3 @@ class CuteExecutor(ExecutorBase):
             self._unsupported_seen.add(name)
         if first:  # once per function: a library may compile it for every shape
             log.warning("cute.compile(%s) is compiled in place, not by jit_ahead: %s", name, why)
-
-    def _guard(self, label: str, key: str | None, why: str) -> None:
-        self.report_unplanned(label, key, f"{label} {why} and needs a compile after serving started")

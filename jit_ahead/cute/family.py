@@ -10,28 +10,22 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Iterable
 
-from ..core import device_view, events
-from ..core import knobs as core_knobs
+from ..core import device_view
 from ..core.family import Family
-from ..core.pool import FamilySpec, HelperPool
-from ..core.priority import Priority
+from ..core.pool import FamilySpec
 from ..core.stats import Stats
-from ..core.table import RequestTable, Ticket
-from ..core.records import RecordFolder, record_folder
+from ..core.records import RecordFormat
 from ..registry import workers_knob
 from . import hook, library_cache
 from .arch import arch_of
-from .build import CACHE_KNOB, cache_root, object_path
+from .build import CACHE_KNOB, cache_root
 from .library_cache import LibraryCacheRequest
 from .executor import CuteExecutor
-from .plan import Capture, capture
+from .plan import capture
 from .record import LibraryCall, recordable, record_format
-from .record import decode_for as decode_record_for
 from .record import encode as encode_record
-from .record import header as record_header
-from .request import FAMILY, CuteCompileRequest
+from .request import FAMILY
 
 log = logging.getLogger("jit_ahead.cute")
 
@@ -44,29 +38,25 @@ class CuteFamily(Family):
     class's defaults), and a planner needs nothing of its own (the arch is this family's, the device view
     pinned by the planner)."""
 
-    name = FAMILY
+    name, spec, executor_class = FAMILY, SPEC, CuteExecutor
 
-    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
-                 preload: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stats: Stats, **options) -> None:
         importlib.import_module("cutlass")  # the DSL (jit_ahead[cute-dsl]); without it the family is not available
         self.device_view = device_view.current()
         self.arch = arch_of(self.device_view)
         self.cache_dir = str(cache_root())  # helpers publish where this process loads from
-        table = RequestTable()
-        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=self.device_view,
-                                     env_overrides={CACHE_KNOB: self.cache_dir})
-        pool.preload(preload or ())
-        super().__init__(stats, table, pool, CuteExecutor(pool, table, stats, self.arch,
-                                                          core_knobs.wait_timeout_s(wait_timeout),
-                                                          guard=core_knobs.guard_mode()))
+        super().__init__(stats, device_view=self.device_view, env_overrides={CACHE_KNOB: self.cache_dir}, **options)
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
+
+    def _new_executor(self, wait_timeout: float, guard: str) -> CuteExecutor:
+        return CuteExecutor(self.pool, self.table, self.stats, self.arch, wait_timeout, guard=guard)
 
     def start(self) -> None:
         super().start()
         log.info("cute: %d helpers, arch %s, cache %s", self.pool.workers, self.arch, self.cache_dir)
 
     def _start_recording(self) -> None:
-        self.executor.recorder = self._record_call
+        self.executor.recorder = self._record
         if "quack" in sys.modules:  # calls of its compile functions are recorded once they are gated
             library_cache.gate_package("quack")
         library_cache.set_recorder(self._record_library_call)
@@ -83,42 +73,15 @@ class CuteFamily(Family):
     def capture(self, target=None):
         return capture(target or self.arch)
 
-    # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
-    def plan_header(self) -> dict:
-        return record_header(self.arch)
+    # -- records and saved plans (core/plan_cache.py) -------------------------------------------------------------
+    def record_format(self) -> RecordFormat:
+        return record_format(self.arch)
 
     def plan_encode(self, request) -> dict:
         """A library call is saved as its call (keyed again by the library when read), as records do."""
         if isinstance(request, LibraryCacheRequest):
             return encode_record(LibraryCall(request.module, request.qualname, request.args, request.kwargs))
         return encode_record(request)
-
-    def plan_decode(self, entry: dict):
-        return self._replayable(decode_record_for(self.plan_header())(entry))
-
-    def submit(self, requests: Iterable[CuteCompileRequest | LibraryCacheRequest] | Capture,
-               priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
-        """Queue what is not built yet; helpers preload the kernels' modules before building."""
-        if isinstance(requests, Capture):
-            requests = requests.requests
-        requests = list(requests)
-        self.executor.note_planned(requests, source)
-        missing = [r for r in requests if not is_built(r)]
-        self.pool.preload(sorted({r.module for r in missing}))
-        return [self.pool.submit(r.build_request(), priority) for r in missing]
-
-    # -- records (JIT_AHEAD_RECORD_DIR) -------------------------------------------------------------------
-    def _open_records(self) -> dict[str, RecordFolder | None]:
-        folder = record_folder(record_format(self.arch))
-        items = folder.read() if folder is not None else []
-        requests = [r for r in map(self._replayable, items) if r is not None]
-        tickets = self.submit(requests, Priority.REPLAY, source="record") if requests else []
-        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
-                                      folder=str(folder.folder) if folder else None))
-        if items:
-            log.info("cute: replaying %d recorded variants (%d not built yet) from %s", len(items),
-                     len(tickets), folder.folder)
-        return {"records": folder}
 
     def _replayable(self, item):
         """A recorded library call becomes a request keyed by the library as it is now (importing its
@@ -137,13 +100,3 @@ class CuteFamily(Family):
         call = LibraryCall(module, qualname, args, kwargs)
         if recordable(call):
             self._add_record("records", call)
-
-    def _record_call(self, request: CuteCompileRequest) -> None:
-        """Each ``cute.compile`` call the executor described."""
-        self._add_record("records", request)
-
-
-def is_built(request: CuteCompileRequest | LibraryCacheRequest) -> bool:
-    if isinstance(request, LibraryCacheRequest):
-        return request.path.exists()
-    return object_path(request, cache_root()).exists()

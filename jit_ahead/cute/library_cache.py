@@ -69,6 +69,9 @@ class LibraryCacheRequest:
     def build_request(self) -> BuildRequest:
         return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label, modules=(self.module,))
 
+    def is_built(self) -> bool:
+        return self.path.exists()
+
 
 def _quack_cache():
     import quack.cache.jit as jit_cache_module

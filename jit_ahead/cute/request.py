@@ -119,3 +119,8 @@ class CuteCompileRequest:
 
     def build_request(self) -> BuildRequest:
         return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label, modules=(self.module,))
+
+    def is_built(self) -> bool:
+        from .build import object_path  # the build module imports the DSL's helpers: not for helpers' unpickling
+
+        return object_path(self).exists()

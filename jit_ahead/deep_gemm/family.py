@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
-from ..core import events
-from ..core import knobs as core_knobs
 from ..core.executor import ExecutorBase
 from ..core.family import Family
-from ..core.pool import FamilySpec, HelperPool
-from ..core.priority import Priority
-from ..core.records import RecordFolder, RecordFormat, record_folder
-from ..core.table import RequestTable, Ticket
+from ..core.pool import FamilySpec
+from ..core.records import RecordFormat
 from ..registry import workers_knob
 from . import build, disk_cache
 from .rebuild import RecordedKernel
@@ -33,23 +29,8 @@ SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.deep_gemm.build", workers_knob
                   preload_knob="JIT_AHEAD_DEEP_GEMM_PRELOAD")
 
 
-def key_of(record: RecordedKernel) -> str:
-    """The family's artifact key: DeepGEMM's entry name."""
-    return disk_cache.entry_name(record.name, record.key)
-
-
-def build_request(record: RecordedKernel):
-    from ..core.requests import BuildRequest
-
-    return BuildRequest(family=FAMILY, key=key_of(record), payload=record, label=record.label)
-
-
-def decode(entry: dict) -> RecordedKernel:
-    return RecordedKernel(str(entry["name"]), str(entry["key"]), str(entry["source"]), dict(entry["meta"]))
-
-
-RECORD_FORMAT = RecordFormat(family=FAMILY, header={"deep_gemm_records": 1}, key_of=key_of,
-                             encode=RecordedKernel.to_json, decode=decode)
+RECORD_FORMAT = RecordFormat(family=FAMILY, header={"deep_gemm_records": 1}, key_of=lambda r: r.entry,
+                             encode=RecordedKernel.to_json, decode=RecordedKernel.from_json)
 
 
 class DeepGemmExecutor(ExecutorBase):
@@ -58,21 +39,16 @@ class DeepGemmExecutor(ExecutorBase):
 
     family = FAMILY
     build_here = staticmethod(build.build)
-    key_of = staticmethod(key_of)
+    key_of = staticmethod(lambda record: record.entry)
 
 
 class DeepGemmFamily(Family):
-    name = FAMILY
+    name, spec, executor_class = FAMILY, SPEC, DeepGemmExecutor
 
-    def __init__(self, stats, *, workers: int | None = None, wait_timeout: float | None = None,
-                 preload: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stats, **options) -> None:
         build.include_dirs()  # ImportError where DeepGEMM kernels cannot be rebuilt: the family is left out
         build.nvcc()
-        table = RequestTable()
-        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=None, env_overrides={})
-        super().__init__(stats, table, pool, DeepGemmExecutor(pool, table, stats,
-                                                              core_knobs.wait_timeout_s(wait_timeout),
-                                                              guard=core_knobs.guard_mode()))
+        super().__init__(stats, **options)
         self._entries_at_start: set[str] = set()
 
     def start(self) -> None:
@@ -96,33 +72,10 @@ class DeepGemmFamily(Family):
             except (OSError, ValueError, KeyError) as exc:  # not an entry of DeepGEMM's own making
                 log.warning("deep_gemm: cache entry %s cannot be recorded (%s: %s)", name, type(exc).__name__, exc)
 
-    def _open_records(self) -> dict[str, RecordFolder | None]:
-        folder = record_folder(RECORD_FORMAT)
-        items = folder.read() if folder is not None else []
-        tickets = self.submit(items, Priority.REPLAY, source="record") if items else []
-        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
-                                      folder=str(folder.folder) if folder else None))
-        return {"records": folder}
-
-    # -- requests ---------------------------------------------------------------------------------------------------
-    def submit(self, requests: Iterable, priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
-        records = list(requests)
-        self.executor.note_planned(records, source)
-        roots = disk_cache.cache_roots()
-        missing = [r for r in records if disk_cache.find(roots, r.name, r.key) is None]
-        return [self.pool.submit(build_request(r), priority) for r in missing]
+    def record_format(self) -> RecordFormat:
+        return RECORD_FORMAT
 
     @contextlib.contextmanager
     def capture(self, target=None) -> Iterator[list]:
         """Nothing of DeepGEMM is planned by capture (its kernels come from records)."""
         yield []
-
-    # -- saved plans: entries are records ---------------------------------------------------------------------------
-    def plan_header(self) -> dict:
-        return dict(RECORD_FORMAT.header)
-
-    def plan_encode(self, request: RecordedKernel) -> dict:
-        return request.to_json()
-
-    def plan_decode(self, entry: dict) -> RecordedKernel:
-        return decode(entry)

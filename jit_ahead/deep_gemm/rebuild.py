@@ -72,6 +72,24 @@ class RecordedKernel:
     def to_json(self) -> dict:
         return {"name": self.name, "key": self.key, "source": self.source, "meta": self.meta}
 
+    @classmethod
+    def from_json(cls, entry: dict) -> "RecordedKernel":
+        return cls(str(entry["name"]), str(entry["key"]), str(entry["source"]), dict(entry["meta"]))
+
+    # -- the variant (core/variant.py) ------------------------------------------------------------------------
+    @property
+    def entry(self) -> str:
+        """The family's artifact key: DeepGEMM's entry name."""
+        return disk_cache.entry_name(self.name, self.key)
+
+    def build_request(self):
+        from ..core.requests import BuildRequest
+
+        return BuildRequest(family="deep_gemm", key=self.entry, payload=self, label=self.label)
+
+    def is_built(self) -> bool:
+        return disk_cache.find(disk_cache.cache_roots(), self.name, self.key) is not None
+
 
 def nvcc_flags(options: dict) -> list[str]:
     """The nvcc flags DeepGEMM derives from its compiler options (meta.json's ``compiler_options``), in

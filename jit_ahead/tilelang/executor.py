@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
 from . import build
 from .request import FAMILY
 
@@ -27,10 +26,6 @@ class TileLangExecutor(ExecutorBase):
 
     family = FAMILY
     build_here = staticmethod(build.build)  # a build on the calling thread, as a helper's
-
-    @staticmethod
-    def key_of(request) -> str:
-        return request.key
 
     def on_compile(self, cache, describe, in_place):
         """The hook's handler. If handling the compile fails, TileLang compiles it in place (the hook logs
@@ -58,20 +53,6 @@ class TileLangExecutor(ExecutorBase):
         t0 = time.perf_counter()
         if self.recorder is not None:
             self.recorder(request)
-        if build.is_built(request, cache):
-            outcome, waited = "disk", 0.0
-        else:
-            if self.guarding() and not self.building_ahead(request.key):
-                self.report_unplanned(request.label, request.key,
-                                      f"{request.label} was not planned and needs a compile after serving started")
-            result, waited = self.obtain(request.build_request(), build.build)
-            outcome = result.value
-        fields = dict(family=FAMILY, key=request.key, label=request.label, kernel=kernel_of(request),
-                      planned=self.is_planned(request.key))
-        if outcome == Outcome.FALLBACK.value:
-            self.stats.emit(events.ExecutorMiss(outcome=outcome, seconds=time.perf_counter() - t0, **fields))
-            log.warning("%s: no build ahead (see above); TileLang compiles it in place", request.label)
-            return in_place()
-        kernel = in_place()  # TileLang loads the entry from disk
-        self.stats.emit(events.ExecutorMiss(outcome=outcome, seconds=time.perf_counter() - t0, waited=waited, **fields))
-        return kernel
+        # TileLang's own call loads a built entry from disk, and compiles one that is not
+        return self.serve_miss(request, t0, built=request.is_built(cache), load=in_place, compile_here=in_place,
+                               dsl="TileLang")

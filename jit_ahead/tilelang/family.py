@@ -8,22 +8,17 @@ compile the server makes and replays it at REPLAY on the next start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
-from ..core import events
-from ..core import knobs as core_knobs
 from ..core.family import Family
-from ..core.pool import FamilySpec, HelperPool
-from ..core.priority import Priority
-from ..core.records import RecordFolder, record_folder
+from ..core.pool import FamilySpec
+from ..core.records import RecordFormat
 from ..core.stats import Stats
-from ..core.table import RequestTable, Ticket
 from ..registry import workers_knob
 from . import build, hook
 from .executor import TileLangExecutor
-from .plan import Capture, capture
-from .record import decode, encode, header, record_format
-from .request import FAMILY, TileLangCompileRequest
+from .plan import capture
+from .record import record_format
+from .request import FAMILY
 
 log = logging.getLogger("jit_ahead.tilelang")
 
@@ -36,20 +31,14 @@ class TileLangFamily(Family):
     threads of its own, outside any capture: they are not planned (the chosen kernel is, when a provider
     plans the call with its config)."""
 
-    name = FAMILY
+    name, spec, executor_class = FAMILY, SPEC, TileLangExecutor
 
-    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
-                 preload: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stats: Stats, *, preload: tuple[str, ...] | None = None, **options) -> None:
         from tilelang import env  # the DSL (jit_ahead[tilelang]); without it the family is not available
 
         self.cache_dir = str(env.TILELANG_CACHE_DIR)  # helpers publish where this process loads from
-        table = RequestTable()
-        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=None,
-                                     env_overrides={build.CACHE_KNOB: self.cache_dir})
-        pool.preload(("tilelang", *(preload or ())))
-        super().__init__(stats, table, pool, TileLangExecutor(pool, table, stats,
-                                                              core_knobs.wait_timeout_s(wait_timeout),
-                                                              guard=core_knobs.guard_mode()))
+        super().__init__(stats, preload=("tilelang", *(preload or ())), env_overrides={build.CACHE_KNOB: self.cache_dir},
+                         **options)
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
 
     def start(self) -> None:
@@ -74,34 +63,5 @@ class TileLangFamily(Family):
     def capture(self, target=None):
         return capture(target)
 
-    def submit(self, requests: Iterable[TileLangCompileRequest] | Capture, priority: Priority = Priority.BACKGROUND,
-               source: str = "plan") -> list[Ticket]:
-        if isinstance(requests, Capture):
-            requests = requests.requests
-        requests = list(requests)
-        self.executor.note_planned(requests, source)
-        return [self.pool.submit(r.build_request(), priority) for r in requests if not build.is_built(r)]
-
-    # -- records and saved plans: the request as it is ----------------------------------------------------------
-    def _record(self, request: TileLangCompileRequest) -> None:
-        self._add_record("records", request)
-
-    def _open_records(self) -> dict[str, RecordFolder | None]:
-        folder = record_folder(record_format())
-        items = folder.read() if folder is not None else []
-        tickets = self.submit(items, Priority.REPLAY, source="record") if items else []
-        self.stats.emit(events.Replay(family=FAMILY, variants=len(items), queued=len(tickets),
-                                      folder=str(folder.folder) if folder else None))
-        if items:
-            log.info("tilelang: replaying %d recorded kernels (%d not built yet) from %s", len(items), len(tickets),
-                     folder.folder)
-        return {"records": folder}
-
-    def plan_header(self) -> dict:
-        return header()
-
-    def plan_encode(self, request: TileLangCompileRequest) -> dict:
-        return encode(request)
-
-    def plan_decode(self, entry: dict) -> TileLangCompileRequest:
-        return decode(entry)
+    def record_format(self) -> RecordFormat:
+        return record_format()

@@ -46,6 +46,12 @@ class TileLangCompileRequest:
 
         return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label)
 
+    def is_built(self, cache=None) -> bool:
+        """On disk in TileLang's kernel cache (``cache``: the server's ``KernelCache``, or TileLang's own)."""
+        from .build import is_built
+
+        return is_built(self, cache)
+
 
 def legal_out_idx(func, out_idx):
     """``out_idx`` as TileLang's adapter leaves it: negative indices of a list counted from the end of the

@@ -14,13 +14,13 @@ from triton.backends.compiler import GPUTarget
 from ..core import device_view, events
 from ..core import knobs as core_knobs
 from ..core.family import Family
-from ..core.pool import FamilySpec, HelperPool
+from ..core.pool import FamilySpec
 from ..core.priority import Priority
 from ..core.records import KNOB as RECORD_KNOB
-from ..core.records import (RecordFolder, is_dotted_name, keeps_tuning, record_folder, recording_enabled,
-                             tuning_folder)
+from ..core.records import (RecordFolder, RecordFormat, is_dotted_name, keeps_tuning, record_folder,
+                             recording_enabled, tuning_folder)
 from ..core.stats import Stats
-from ..core.table import RequestTable, Ticket
+from ..core.table import Ticket
 from ..registry import workers_knob
 from . import autotune, cache_check, hook
 from .executor import TritonExecutor
@@ -46,21 +46,15 @@ INSTALLATION_KEY_DELAY_S = 1.0
 
 
 class TritonFamily(Family):
-    name = FAMILY
+    name, spec, executor_class = FAMILY, SPEC, TritonExecutor
     # records: the variants this process built or loaded, and its autotune choices (per GPU model)
     record_kinds = ("records", "tuning_records")
 
-    def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
-                 preload: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stats: Stats, **options) -> None:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self._view = device_view.ViewOnDemand()  # read when first needed: starting costs no torch import
-        table = RequestTable()
-        pool = HelperPool.from_knobs(SPEC, stats, table, workers=workers, device_view=self._view,
-                                     env_overrides={"TRITON_CACHE_DIR": self.cache_dir})
-        pool.preload(preload or ())
-        super().__init__(stats, table, pool, TritonExecutor(pool, table, stats, core_knobs.wait_timeout_s(wait_timeout),
-                                                            guard=core_knobs.guard_mode()))
+        super().__init__(stats, device_view=self._view, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, **options)
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._previous_listener = None
         self._plan_decoder = None
@@ -208,22 +202,17 @@ class TritonFamily(Family):
             self._plan_decoder = decode_record_for(tuple(header["target"]), header["env"])
         return self._plan_decoder(entry).request
 
-    def submit(self, requests: Iterable[TritonCompileRequest] | Capture,
+    def submit(self, variants: Iterable[TritonCompileRequest] | Capture,
                priority: Priority = Priority.BACKGROUND, source: str = "plan") -> list[Ticket]:
-        """Queue what is not on disk yet; helpers preload the kernels' modules before building."""
-        from .plan import Capture
-
-        if isinstance(requests, Capture):
-            self.executor.note_autotune_groups(requests.autotune_groups)
-            requests = requests.requests
-        requests = list(requests)
-        self.executor.note_planned(requests, source)
-        # records are replayed beside the server's start (imports, model build): a pass that reads no file
-        # contents, since the launch checks each entry in full anyway
-        missing = [r for r in requests if self._needs_build(r, thorough=source != "record")]
+        tickets = super().submit(variants, priority, source)
         self._keep_checked()
-        self.pool.preload(sorted({r.module for r in missing}))
-        return [self.pool.submit(r.build_request(), priority) for r in missing]
+        return tickets
+
+    def _variants_of(self, found: Iterable[TritonCompileRequest] | Capture) -> list[TritonCompileRequest]:
+        autotune_groups = getattr(found, "autotune_groups", None)  # a capture's: what each autotuner benchmarks
+        if autotune_groups is not None:
+            self.executor.note_autotune_groups(autotune_groups)
+        return super()._variants_of(found)
 
     def load_into_memory(self) -> dict:
         """Every variant planned or replayed so far and on disk, into this process's in-memory caches
@@ -240,10 +229,13 @@ class TritonFamily(Family):
         except Exception:  # an optimisation: the next start checks in full
             log.exception("triton: the entries found sound could not be kept for the next start")
 
-    def _needs_build(self, request: TritonCompileRequest, thorough: bool = True) -> bool:
+    def _needs_build(self, request: TritonCompileRequest, source: str) -> bool:
         """Not on disk, or damaged there: a damaged entry is removed by the executor's rule (rebuilt once),
-        so that planning builds it again ahead instead of the launch that finds it."""
-        entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1], thorough)
+        so that planning builds it again ahead instead of the launch that finds it. Records are replayed
+        beside the server's start (imports, model build): a pass that reads no file contents, since the
+        launch checks each entry in full anyway."""
+        entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1],
+                                          thorough=source != "record")
         if entry is cache_check.Entry.DAMAGED:
             return self.executor.remove_damaged(request, damage, then="queued to be built again")
         return entry is cache_check.Entry.MISSING
@@ -260,8 +252,11 @@ class TritonFamily(Family):
             folder = None
         return {"records": folder, "tuning_records": tuning}
 
+    def record_format(self) -> RecordFormat:
+        return record_format(target_of(self.device_view))
+
     def _replay_variants(self) -> RecordFolder | None:
-        folder = record_folder(record_format(target_of(self.device_view)))
+        folder = record_folder(self.record_format())
         items = folder.read() if folder is not None else []
         replayed = [item.request for item in items if not item.benchmark_only]
         spare = [item.request for item in items if item.benchmark_only]
