@@ -144,7 +144,7 @@ def _defer(infos) -> None:
     import atexit
 
     from .core import knobs
-    from .core.say import family_helpers, on_line, say
+    from .core.user_lines import family_helpers, on_line, tell_user
     from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
     from .registry import workers_knob
 
@@ -161,7 +161,7 @@ def _defer(infos) -> None:
     families = ", ".join(family_helpers(info.name, knobs.worker_count(workers_knob(info.name), quiet=True))
                          for info in infos)
     stats = stats_log_path(os.environ.get(STATS_KNOB))
-    say(on_line(f"{families}, from the first compile", warmup_s, stats.absolute() if stats is not None else None))
+    tell_user(on_line(f"{families}, from the first compile", warmup_s, stats.absolute() if stats is not None else None))
     deferred.said = True
     atexit.register(_summary_if_never_started)
 
@@ -172,7 +172,7 @@ def _summary_if_never_started() -> None:
     if _deferred is None or (session is not None and session.current() is not None):
         return  # started (by a compile, or by an engine's own jit_ahead.start()): its summary is said
     try:
-        from .core.say import say
+        from .core.user_lines import tell_user
         from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
 
         counts = {"planned": 0, "session": "not started (no compile in this process)"}
@@ -187,7 +187,7 @@ def _summary_if_never_started() -> None:
                 stats.emit(events.Summary(dict(counts)))
                 sink.close()
                 counts["stats log"] = str(sink.path)
-        say("jit_ahead: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        tell_user("jit_ahead: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     except Exception as exc:  # exit must not fail for a summary
         sys.stderr.write(f"jit_ahead: no summary ({type(exc).__name__}: {exc})\n")
 
@@ -242,8 +242,8 @@ def _start_session():
     try:
         from .core import knobs
         from .core.own_cpu import OwnTimer
-        from .core.say import on_line
-        from .core.session import current, say, start
+        from .core.session import current, start
+        from .core.user_lines import on_line, tell_user
 
         if current() is not None:
             return current()
@@ -265,7 +265,7 @@ def _start_session():
             session.add_serving_listener(timer.cancel)
         if deferred is not None:
             return session
-        say(on_line(session.describe(), warmup_s, session.stats_log.path if session.stats_log is not None else None))
+        tell_user(on_line(session.describe(), warmup_s, session.stats_log.path if session.stats_log is not None else None))
         return session
     except Exception as exc:
         sys.stderr.write(f"jit_ahead: could not start ({type(exc).__name__}: {exc}); running without it\n")

@@ -313,8 +313,8 @@ def test_a_saved_task_that_is_not_one_makes_the_plan_unusable_not_the_start(sess
     path = Path(run.saved_plan)
     lines = path.read_text().splitlines()
     bodies = [json.loads(line) for line in lines[1:]]
-    (triton,) = [b for b in bodies if b.get("tuning")]
-    triton["tuning"][0][1]["module"] = "not a module"
+    (triton,) = [b for b in bodies if b.get("extras", {}).get("tuning_tasks")]
+    triton["extras"]["tuning_tasks"][0][1]["module"] = "not a module"
     body = [json.dumps(b) for b in bodies]
     header = {**json.loads(lines[0]), "body": plan_cache._body_digest(body)}
     path.write_text("\n".join([json.dumps(header)] + body) + "\n")

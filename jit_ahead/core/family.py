@@ -65,6 +65,10 @@ class Family(ABC):
     spec: ClassVar[FamilySpec]  # the pool's builder module and knobs
     executor_class: ClassVar[type[ExecutorBase]]
     record_kinds: ClassVar[tuple[str, ...]] = ("records",)
+    # What a capture finds besides variants, by the attribute it keeps each in (Triton: the variants one
+    # autotuned launch benchmarks, and its tuning tasks): planning passes them to ``absorb`` and saved plans
+    # keep them, without reading them.
+    extra_kinds: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, stats: Stats, *, workers: int | None = None, wait_timeout: float | None = None,
                  preload: Iterable[str] | None = None, device_view: DeviceView | ViewOnDemand | None = None,
@@ -225,18 +229,17 @@ class Family(ABC):
     def enter_planner(self) -> None:
         """In a planner process forked from the server, before it captures anything; by default, nothing."""
 
-    def note_groups(self, groups: Any) -> None:
-        """Variants built and benchmarked together (an autotuner's configs), found by a planner; by default
-        there are none."""
+    def absorb(self, kind: str, items: list, priority: Priority) -> None:
+        """What this family's captures found besides variants, of one of its ``extra_kinds``, from planning or
+        a saved plan, for launches of ``priority``; a family without extras is never given any."""
+        raise TypeError(f"the {self.name} family's captures find no {kind!r}")
 
-    def note_tuning(self, tasks: Any, priority: Priority) -> None:
-        """Tuning tasks a planner met, for tune-ahead; by default there are none."""
+    def extra_encode(self, kind: str, item: Any) -> Any:
+        """One extra as JSON, for saved plans."""
+        raise TypeError(f"the {self.name} family's captures find no {kind!r}")
 
-    def tuning_encode(self, task: Any) -> dict:
-        raise TypeError(f"the {self.name} family has no tuning tasks")
-
-    def tuning_decode(self, entry: dict) -> Any:
-        raise TypeError(f"the {self.name} family has no tuning tasks")
+    def extra_decode(self, kind: str, entry: Any) -> Any:
+        raise TypeError(f"the {self.name} family's captures find no {kind!r}")
 
     def tune_ahead(self, budget_bytes: int | None = None) -> dict:
         """Before serving, on the GPU: what would otherwise benchmark while serving; by default, nothing."""

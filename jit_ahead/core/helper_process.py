@@ -16,7 +16,7 @@ from .protocol import Shutdown, read_message, write_message
 log = logging.getLogger("jit_ahead.pool")
 
 
-class Stint(enum.Enum):
+class HelperEnding(enum.Enum):
     """How a slot's time with one helper ended."""
 
     WORKED = "worked"  # it built, then had nothing left: the slot waits for work, then starts a fresh one

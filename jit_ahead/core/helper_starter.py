@@ -14,7 +14,7 @@ from . import events
 from .device_view import DeviceView, ViewOnDemand
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import start_helper_process
-from .helper_process import HelperProcess, Stint
+from .helper_process import HelperProcess, HelperEnding
 from .preload_list import PreloadList
 from .processes import Spawner
 from .protocol import Configure, Preload, PreloadDone, ProtocolError, Ready
@@ -76,7 +76,7 @@ class HelperStarter:
             imported = set(self._preload.names()[:self._forkserver_preloaded]) - self._bad_preloads
         return server is not None and server.alive and set(modules) <= imported
 
-    def bring_up_to_date(self, helper: HelperProcess) -> Stint | None:
+    def bring_up_to_date(self, helper: HelperProcess) -> HelperEnding | None:
         """Bring the helper's imports up to the preload list. A forked helper is replaced by a fresh fork
         once the fork server has imported the new modules (REFRESH); a spawned one imports them itself.
         DIED if it died importing them; None when it is up to date."""
@@ -89,7 +89,7 @@ class HelperStarter:
             return None
         if helper.forked:
             self.refresh_forkserver()
-            return Stint.REFRESH
+            return HelperEnding.REFRESH
         t0 = time.perf_counter()
         failed: dict[str, str] = {}
         for module in new:  # one at a time: a module whose import kills the helper is the only one blamed
@@ -106,7 +106,7 @@ class HelperStarter:
                     self._bad_preloads.add(module)
                 log.warning("%s %s (pid %d) died while preloading %s (%s); it will not be preloaded",
                             self._family, helper.name, helper.pid, module, helper.describe_exit())
-                return Stint.DIED
+                return HelperEnding.DIED
             failed.update(reply.failed)
             if module not in reply.failed:
                 helper.modules.add(module)

@@ -38,7 +38,9 @@ from .records import describe_difference, open_regular, unsafe_because
 log = logging.getLogger("jit_ahead.planning")
 
 KNOB = "JIT_AHEAD_PLAN_DIR"
-FORMAT = 2  # 2: the header holds the body's digest, so a file cut at a line end is refused, not half read
+# 2: the header holds the body's digest, so a file cut at a line end is refused, not half read; 3: what
+# captures found besides variants is kept per family by kind ("extras"), written by the family
+FORMAT = 3
 # A plan lists variants, not weights: far below this. A larger file is not one jit_ahead wrote, and reading
 # it whole would cost the server memory and seconds before it is refused anyway.
 MAX_PLAN_BYTES = 256 << 20
@@ -213,12 +215,11 @@ def _body_digest(lines: list[str]) -> str:
 
 @dataclass
 class SavedPlan:
-    """What planning found: per family, each variant's entry with its first priority, and the autotune
-    groups; what it cost; the launch errors it logged."""
+    """What planning found: per family, each variant's entry with its first priority, and what its captures
+    found besides variants (``Family.extra_kinds``); what it cost; the launch errors it logged."""
 
     requests: dict = field(default_factory=dict)  # family -> [(priority name, request)]
-    groups: dict = field(default_factory=dict)  # family -> [[variant key, ...], ...]
-    tuning: dict = field(default_factory=dict)  # family -> [(priority, tuning task)], for tune-ahead
+    extras: dict = field(default_factory=dict)  # family -> {kind: [(priority, item)]}, written by the family
     launches: int = 0
     seconds: float = 0.0
     errors: list = field(default_factory=list)
@@ -315,8 +316,9 @@ class PlanStore:
                     if request is not None:
                         entries.append((Priority[priority], request))
                 plan.requests[name] = entries
-                plan.groups[name] = [tuple(map(str, g)) for g in body.get("groups", [])]
-                plan.tuning[name] = [(Priority[p], family.tuning_decode(t)) for p, t in body.get("tuning", [])]
+                plan.extras[name] = {kind: [(Priority[p], family.extra_decode(kind, e)) for p, e in found]
+                                     for kind, found in dict(body.get("extras", {})).items()
+                                     if kind in family.extra_kinds}
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             log.error("saved plan %s is unusable (%s: %s); planning again", path, type(exc).__name__, exc)
             return None
@@ -336,8 +338,8 @@ class PlanStore:
             for name, entries in plan.requests.items():
                 family = families[name]
                 body = {"family": name, "entries": [[p.name, family.plan_encode(r)] for p, r in entries],
-                        "groups": [list(g) for g in plan.groups.get(name, [])],
-                        "tuning": [[p.name, family.tuning_encode(t)] for p, t in plan.tuning.get(name, [])]}
+                        "extras": {kind: [[p.name, family.extra_encode(kind, item)] for p, item in found]
+                                   for kind, found in plan.extras.get(name, {}).items()}}
                 lines.append(json.dumps(body, sort_keys=True))
         except (TypeError, ValueError) as exc:  # a request its family cannot write down
             log.warning("the plan cannot be saved (%s: %s); the next start plans again", type(exc).__name__, exc)

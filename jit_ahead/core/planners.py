@@ -39,6 +39,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .priority import Priority
 from .processes import ForkedChild, detach_from_server, end_tree, fork_quietly, lower_priority
@@ -97,9 +98,8 @@ class Found:
 
     group: int
     requests: tuple
-    groups: tuple = ()  # autotune groups (Triton: the variants one autotuned launch benchmarks)
+    extras: tuple = ()  # (kind, items): what the family's capture found besides variants (Family.extra_kinds)
     failures: tuple[Failure, ...] = ()
-    tuning: tuple = ()  # tuning tasks (Triton: an autotuner at a tuning key, for tune-ahead)
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,9 @@ class Sink(ABC):
     """What the planning thread does with results; called on that thread only."""
 
     @abstractmethod
-    def found(self, group: int, requests: list, autotune_groups: list, tuning: list = ()) -> None:
-        """Requests (and autotune groups, and tuning tasks) captured by launches of ``group``, in
-        first-seen order."""
+    def found(self, group: int, requests: list, extras: dict[str, list]) -> None:
+        """Requests captured by launches of ``group``, in first-seen order, and by kind what the family's
+        capture found besides them (``Family.extra_kinds``, read by the family alone)."""
 
     @abstractmethod
     def group_done(self, group: int) -> None:
@@ -182,7 +182,7 @@ def chunks_from(groups: Sequence[LaunchGroup], start: Position, planners: int) -
     return chunks
 
 
-class _Book:
+class _RangesLeft:
     """The ranges not run yet; tells the sink each group done, in order, once none of its ranges is
     left."""
 
@@ -239,33 +239,33 @@ class _Captures:
     def __init__(self, families: dict, stack: contextlib.ExitStack) -> None:
         self._families = families
         self._stack = stack
-        self._open: dict[str, list] = {}  # family -> [capture, requests, autotune groups, tuning tasks sent]
+        # family -> (capture, how many of its requests and of each extra kind were sent)
+        self._open: dict[str, tuple[Any, dict[str, int]]] = {}
 
     def open(self, family: str) -> None:
         if family not in self._open:
-            self._open[family] = [self._stack.enter_context(self._families[family].capture()), 0, 0, 0]
+            self._open[family] = (self._stack.enter_context(self._families[family].capture()), {})
 
-    def fresh(self, family: str) -> tuple[list, list, list]:
-        """Requests, autotune groups and tuning tasks captured since the last call (captures keep
-        first-seen order)."""
+    def fresh(self, family: str) -> tuple[list, dict[str, list]]:
+        """Requests, and by kind the family's extras, captured since the last call (captures keep first-seen
+        order)."""
         entry = self._open.get(family)
         if entry is None:
-            return [], [], []
-        plan, sent, sent_groups, sent_tuning = entry
-        requests = plan.requests[sent:]
-        groups = list(getattr(plan, "autotune_groups", ()))[sent_groups:]
-        tuning = list(getattr(plan, "tuning_tasks", ()))[sent_tuning:]
-        entry[1] += len(requests)
-        entry[2] += len(groups)
-        entry[3] += len(tuning)
-        return requests, groups, tuning
+            return [], {}
+        plan, sent = entry
+        fresh = {}
+        for kind in ("requests", *self._families[family].extra_kinds):
+            items = list(getattr(plan, kind)[sent.get(kind, 0):])
+            sent[kind] = sent.get(kind, 0) + len(items)
+            if items:
+                fresh[kind] = items
+        return fresh.pop("requests", []), fresh
 
 
 class _Runner:
     """Runs ranges of launches in this process, one capture per family for its whole life (repeated shapes
     hit each capture's in-memory cache), and reports what they found through
-    ``found(group, requests, autotune_groups, failures, tuning)`` at least every SEND_EVERY_S and at the end of
-    each range."""
+    ``found(group, requests, extras, failures)`` at least every SEND_EVERY_S and at the end of each range."""
 
     def __init__(self, groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict,
                  found: Callable) -> None:
@@ -311,22 +311,22 @@ class _Runner:
             self._send(group, family, failures)
 
     def _send(self, group: int, family: str, failures: dict) -> None:
-        requests, autotune_groups, tuning = self._captures.fresh(family)
-        if requests or autotune_groups or failures or tuning:
-            self._found(group, requests, autotune_groups, list(failures.values()), tuning)
+        requests, extras = self._captures.fresh(family)
+        if requests or extras or failures:
+            self._found(group, requests, extras, list(failures.values()))
             failures.clear()
 
 
-def _deliver(sink: Sink, group: int, requests, autotune_groups, failures, tuning=()) -> None:
+def _deliver(sink: Sink, group: int, requests, extras: dict, failures) -> None:
     """What launches of ``group`` found (here, or in a planner's Found message), handed to the sink."""
-    if requests or autotune_groups or tuning:
-        sink.found(group, list(requests), list(autotune_groups), list(tuning))
+    if requests or extras:
+        sink.found(group, list(requests), {kind: list(items) for kind, items in extras.items()})
     for failure in failures:
         sink.failed(failure)
 
 
-def run_ranges_here(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict, sink: Sink, book: _Book,
-                    ranges: list[Range], stop: Callable[[], bool]) -> tuple[Range, int] | None:
+def run_ranges_here(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict, sink: Sink,
+                    ranges_left: _RangesLeft, ranges: list[Range], stop: Callable[[], bool]) -> tuple[Range, int] | None:
     """Run ``ranges`` in order in the calling thread; where ``stop()`` turned true (the range, and its
     first launch not run), or None once all ran."""
     runner = _Runner(groups, chunks, families, functools.partial(_deliver, sink))
@@ -335,16 +335,16 @@ def run_ranges_here(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], fami
             stopped = runner.run(part, stop)
             if stopped is not None:
                 return part, stopped
-            book.done(part)
+            ranges_left.done(part)
         return None
     finally:
         runner.close()
 
 
-def _left_after(book: _Book, stopped: tuple[Range, int]) -> int:
+def _left_after(ranges_left: _RangesLeft, stopped: tuple[Range, int]) -> int:
     """Launches not run: the open ranges, less what ran of the one stopped in."""
     part, item = stopped
-    return sum(len(r) for r in book.open) - (item - part.first)
+    return sum(len(r) for r in ranges_left.open) - (item - part.first)
 
 
 def run_in_thread(groups: Sequence[LaunchGroup], families: dict, sink: Sink, start: Position,
@@ -352,14 +352,14 @@ def run_in_thread(groups: Sequence[LaunchGroup], families: dict, sink: Sink, sta
     """Run every launch from ``start`` on in the calling thread; the position where ``stop()`` turned
     true, or None once all ran (then every group was reported done)."""
     chunks = chunks_from(groups, start, 1)
-    book = _Book(groups, chunks, sink, start.group)
-    stopped = run_ranges_here(groups, chunks, families, sink, book,
+    ranges_left = _RangesLeft(groups, chunks, sink, start.group)
+    stopped = run_ranges_here(groups, chunks, families, sink, ranges_left,
                               [Range(k, c.first, c.last) for k, c in enumerate(chunks)], stop)
     return None if stopped is None else Position(chunks[stopped[0].chunk].group, stopped[1])
 
 
 # -- shared between the planning thread and its planners ---------------------------------------------------
-class _Board:
+class _SharedRunState:
     """Shared memory of one planning run: the next chunk to claim, ranges handed back (the rest of a
     chunk whose planner died), and per planner slot the range and launch it runs and whether it is asked
     to stop. Claims take a POSIX record lock on an unlinked file: the kernel drops it with its holder, so
@@ -417,7 +417,7 @@ class _Board:
         return parts
 
     def take_all(self) -> None:
-        """In the planning thread, once no planner is left: nothing more is claimed from the board."""
+        """In the planning thread, once no planner is left: nothing more is claimed from the shared state."""
         with self._locked():
             self._HEAD.pack_into(self._memory, 0, self.chunks, 0)
 
@@ -450,43 +450,45 @@ def _bounds(part: Range) -> tuple[int, int, int]:
 
 
 # -- in a planner process ----------------------------------------------------------------------------------
-def _planner_main(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict, board: _Board, slot: int,
-                  out_fd: int, enter: Callable[[], None]) -> None:
+def _planner_main(groups: Sequence[LaunchGroup], chunks: Sequence[Chunk], families: dict, shared: _SharedRunState,
+                  slot: int, out_fd: int, enter: Callable[[], None]) -> None:
     t0 = time.perf_counter()
     out = os.fdopen(out_fd, "wb", buffering=0)
 
-    def found(group, requests, autotune_groups, failures, tuning):
-        write_message(out, Found(group, tuple(requests), tuple(autotune_groups), tuple(failures), tuple(tuning)))
+    def found(group, requests, extras, failures):
+        write_message(out, Found(group, tuple(requests), tuple((k, tuple(v)) for k, v in extras.items()),
+                                 tuple(failures)))
 
     enter()
     runner = _Runner(groups, chunks, families, found)
     try:
-        while not board.stop_asked(slot):
-            part = board.claim(slot, chunks)
+        while not shared.stop_asked(slot):
+            part = shared.claim(slot, chunks)
             if part is None:
                 break
-            runner.run(part, progress=lambda item, part=part: board.note(slot, part, item))
+            runner.run(part, progress=lambda item, part=part: shared.note(slot, part, item))
             write_message(out, RangeDone(*_bounds(part)))
-            board.note(slot, None, -1)
+            shared.note(slot, None, -1)
     finally:
         runner.close()
     write_message(out, Finished(runner.launches, time.perf_counter() - t0))
     out.close()
 
 
-def _fork_planner(groups, chunks, families, board: _Board, slot: int, enter: Callable[[], None]) -> tuple[int, object]:
+def _fork_planner(groups, chunks, families, shared: _SharedRunState, slot: int,
+                  enter: Callable[[], None]) -> tuple[int, object]:
     """Fork one planner; returns (pid, the parent's read end). Raises OSError if it cannot fork."""
     read_fd, write_fd = os.pipe()
-    board.reset(slot)
+    shared.reset(slot)
     pid = fork_quietly()
     if pid == 0:  # the planner
         mark_planner()
         code = 0
         try:
             os.close(read_fd)
-            detach_from_server(keep=(write_fd, board.lock_fd))
+            detach_from_server(keep=(write_fd, shared.lock_fd))
             lower_priority()
-            _planner_main(groups, chunks, families, board, slot, write_fd, enter)
+            _planner_main(groups, chunks, families, shared, slot, write_fd, enter)
         except BaseException:  # noqa: BLE001 - a planner must never return into the server's code
             code = 1
             with contextlib.suppress(Exception):
@@ -524,9 +526,9 @@ class ForkedPlanners:
         self._stall_s = STALL_S if stall_s is None else stall_s
         self._serving_count = serving_count
         self._chunks = chunks_from(groups, start, count)
-        self._book = _Book(groups, self._chunks, sink, start.group)
-        self._board = _Board(len(self._chunks), count)
-        self._returned: list[Range] = []  # handed back, waiting for room on the board
+        self._ranges_left = _RangesLeft(groups, self._chunks, sink, start.group)
+        self._shared = _SharedRunState(len(self._chunks), count)
+        self._returned: list[Range] = []  # handed back, waiting for room in the shared state
         self._deaths: Counter = Counter()  # (chunk, launch) -> planners that died running it
         self._slots = [_Slot(k) for k in range(count)]
         self._cancelled = threading.Event()
@@ -554,7 +556,7 @@ class ForkedPlanners:
                 return
             self._run_rest_here(cancelled, serving)
         finally:
-            self._board.close()
+            self._shared.close()
 
     def kill(self) -> None:
         """Kill every planner; safe from any thread (the planning thread then sees their pipes end)."""
@@ -570,7 +572,7 @@ class ForkedPlanners:
             if not live:
                 return
             if self._returned:
-                self._returned = self._board.hand_back(self._returned)
+                self._returned = self._shared.hand_back(self._returned)
             if serving():
                 self._make_room(live)
             readable, _, _ = select.select([s.stream for s in live], [], [], 0.2)
@@ -588,28 +590,28 @@ class ForkedPlanners:
             return
         going = [s for s in live if not s.stopping]
         for slot in going[self._serving_count:]:
-            self._board.ask_to_stop(slot.index)
+            self._shared.ask_to_stop(slot.index)
             slot.stopping = True
         if len(going) > self._serving_count:
             log.info("serving started: %d planners stop after their current launches, %d go on "
                      "(JIT_AHEAD_SERVING_PLANNERS)", len(going) - self._serving_count, self._serving_count)
 
     def _spawn(self, slot: _Slot) -> None:
-        pid, stream = _fork_planner(self._groups, self._chunks, self._families, self._board, slot.index, self._enter)
+        pid, stream = _fork_planner(self._groups, self._chunks, self._families, self._shared, slot.index, self._enter)
         with self._lock:
             self._pids.add(pid)
         slot.pid, slot.stream, slot.finished = pid, stream, False
         slot.last_news, slot.last_progress = time.monotonic(), ()
 
     def _label(self, slot: _Slot) -> str:
-        part, launch = self._board.running(slot.index)
+        part, launch = self._shared.running(slot.index)
         if part is None or launch < 0:
             return "its start" if part is None else "a claim"
-        return f"launch {self._groups[self._book.group_of(part)].items[launch][1].label}"
+        return f"launch {self._groups[self._ranges_left.group_of(part)].items[launch][1].label}"
 
     def _stalled(self, slot: _Slot) -> bool:
         now = time.monotonic()
-        key = self._board.running(slot.index)
+        key = self._shared.running(slot.index)
         if key != slot.last_progress:
             slot.last_progress, slot.last_news = key, now
             return False
@@ -623,9 +625,9 @@ class ForkedPlanners:
             message = None
         slot.last_news = time.monotonic()
         if isinstance(message, Found):
-            _deliver(self._sink, message.group, message.requests, message.groups, message.failures, message.tuning)
+            _deliver(self._sink, message.group, message.requests, dict(message.extras), message.failures)
         elif isinstance(message, RangeDone):
-            self._book.done(Range(message.chunk, message.first, message.last))
+            self._ranges_left.done(Range(message.chunk, message.first, message.last))
         elif isinstance(message, Finished):
             slot.finished = True
             self.planner_seconds.append(message.seconds)
@@ -634,13 +636,13 @@ class ForkedPlanners:
             self._ended(slot)
 
     def _ended(self, slot: _Slot) -> None:
-        part, launch = self._board.running(slot.index)
+        part, launch = self._shared.running(slot.index)
         how = self._close(slot)
         if slot.finished or self._cancelled.is_set():  # done, or killed because planning is cancelled
             return
         where = "before its first launch"
-        if part is not None and launch >= 0 and part in self._book.open:
-            group = self._book.group_of(part)
+        if part is not None and launch >= 0 and part in self._ranges_left.open:
+            group = self._ranges_left.group_of(part)
             provider, planned = self._groups[group].items[launch]
             self._deaths[(part.chunk, launch)] += 1
             if self._deaths[(part.chunk, launch)] < LAUNCH_DEATHS:
@@ -651,10 +653,10 @@ class ForkedPlanners:
                 where = f"in launch {planned.label}, which killed {LAUNCH_DEATHS} planners and is skipped"
                 self._sink.failed(Failure(provider.name, "PlannerDied", f"the planner {how}", planned.label))
                 self._sink.lost(group, 1, f"launch {planned.label} killed {LAUNCH_DEATHS} planners")
-                self._returned.extend(self._book.split(part, launch))
-        elif part is not None and part in self._book.open:
+                self._returned.extend(self._ranges_left.split(part, launch))
+        elif part is not None and part in self._ranges_left.open:
             self._returned.append(part)  # claimed, not started
-        self._returned = self._board.hand_back(self._returned)  # before a new planner claims
+        self._returned = self._shared.hand_back(self._returned)  # before a new planner claims
         slot.respawns += 1
         if slot.stopping:
             log.warning("planner (pid %d) %s %s", slot.pid, how, where)
@@ -673,29 +675,29 @@ class ForkedPlanners:
     def _run_rest_here(self, cancelled: threading.Event, serving: Callable[[], bool]) -> None:
         """Launches no planner ran (every planner failed, or stopped at serving with work left): in this
         thread before serving, else given up."""
-        self._board.take_all()
-        rest = sorted(self._book.open, key=lambda r: (r.chunk, r.first))
+        self._shared.take_all()
+        rest = sorted(self._ranges_left.open, key=lambda r: (r.chunk, r.first))
         remaining = sum(len(r) for r in rest)
         if not remaining:
-            self._book.finish()
+            self._ranges_left.finish()
             return
-        first_group = self._book.group_of(rest[0])
+        first_group = self._ranges_left.group_of(rest[0])
         if serving():
             self._sink.lost(first_group, remaining, "its planners failed after serving started")
-            self._book.finish()
+            self._ranges_left.finish()
             return
         rest = self._without_suspects(rest)
         remaining = sum(len(r) for r in rest)
         if not remaining:
-            self._book.finish()
+            self._ranges_left.finish()
             return
         log.warning("%d launches no planner could run run in the planning thread", remaining)
-        stopped = run_ranges_here(self._groups, self._chunks, self._families, self._sink, self._book, rest,
+        stopped = run_ranges_here(self._groups, self._chunks, self._families, self._sink, self._ranges_left, rest,
                                   lambda: cancelled.is_set() or serving())
         if stopped is not None:
-            self._sink.lost(self._book.group_of(stopped[0]), _left_after(self._book, stopped),
+            self._sink.lost(self._ranges_left.group_of(stopped[0]), _left_after(self._ranges_left, stopped),
                             "serving started before the planning thread ran them")
-        self._book.finish()
+        self._ranges_left.finish()
 
     def _without_suspects(self, rest: list[Range]) -> list[Range]:
         """``rest`` less each launch a planner died in: what may kill a planner is not run in the server's
@@ -704,10 +706,10 @@ class ForkedPlanners:
             part = next((r for r in rest if r.chunk == chunk and r.first <= launch < r.last), None)
             if part is None:
                 continue
-            group = self._book.group_of(part)
+            group = self._ranges_left.group_of(part)
             label = self._groups[group].items[launch][1].label
             self._sink.lost(group, 1, f"a planner died in launch {label}, which is not run in the server's thread")
-            rest = [r for r in rest if r != part] + self._book.split(part, launch)
+            rest = [r for r in rest if r != part] + self._ranges_left.split(part, launch)
         return sorted(rest, key=lambda r: (r.chunk, r.first))
 
     def _close(self, slot: _Slot) -> str:

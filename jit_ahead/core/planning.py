@@ -277,11 +277,9 @@ class PlanningRun(Sink):
         queued = 0
         for name, entries in saved.requests.items():
             family = self._families[name]
-            family.note_groups(saved.groups.get(name, []))
-            self._result.groups.setdefault(name, []).extend(saved.groups.get(name, []))
-            for priority, task in saved.tuning.get(name, []):
-                family.note_tuning([task], priority)
-                self._result.tuning.setdefault(name, []).append((priority, task))
+            for kind, found in saved.extras.get(name, {}).items():
+                for priority in sorted({p for p, _ in found}):
+                    self._absorb(name, kind, [item for p, item in found if p == priority], priority)
             for priority in sorted({p for p, _ in entries}):
                 requests = [r for p, r in entries if p == priority]
                 self._seen.update((r, (priority, name)) for r in requests)
@@ -361,7 +359,7 @@ class PlanningRun(Sink):
         if not force and now - self._last_partial < PARTIAL_EVERY_S:
             return
         self._last_partial = now
-        partial = SavedPlan(groups=self._result.groups, tuning=self._result.tuning, launches=self.launches,
+        partial = SavedPlan(extras=self._result.extras, launches=self.launches,
                             seconds=now - (self._started or now), errors=list(self.errors),
                             progress={sig: [list(r) for r in ranges] for sig, ranges in self._ran.items()})
         for request, (priority, family) in self._seen.items():
@@ -463,16 +461,17 @@ class PlanningRun(Sink):
                 event.set()
 
     # -- the sink: what planners report, handled on the planning thread --------------------------------------
-    def found(self, group: int, requests: list, autotune_groups: list, tuning: list = ()) -> None:
+    def _absorb(self, name: str, kind: str, items: list, priority: Priority) -> None:
+        """What a capture of family ``name`` found besides variants: the family reads it, the plan keeps it."""
+        self._families[name].absorb(kind, items, priority)
+        self._result.extras.setdefault(name, {}).setdefault(kind, []).extend((priority, item) for item in items)
+
+    def found(self, group: int, requests: list, extras: dict[str, list]) -> None:
         launch_group = self._groups[group]
         family = self._families[launch_group.family]
-        if autotune_groups:
-            family.note_groups(autotune_groups)
-        if tuning:
-            family.note_tuning(tuning, launch_group.priority)
-            self._result.tuning.setdefault(launch_group.family, []).extend(
-                (launch_group.priority, task) for task in tuning)
         priority = launch_group.priority
+        for kind, items in extras.items():
+            self._absorb(launch_group.family, kind, items, priority)
         # New variants, and variants another planner found first for a later priority (planners run the
         # groups side by side): those are raised, and counted where they are needed first.
         fresh = [r for r in requests if self._seen.get(r, (Priority.SPARE + 1,))[0] > priority]
@@ -488,8 +487,6 @@ class PlanningRun(Sink):
             kernel = getattr(request, "name", "?")
             self._group_kernels[group][kernel] = self._group_kernels[group].get(kernel, 0) + 1
             self.planned_by.setdefault(kernel, set()).add(provider)
-        if autotune_groups:
-            self._result.groups.setdefault(launch_group.family, []).extend(autotune_groups)
         if fresh:
             tickets = family.submit(fresh, priority)
             self._group_queued[group] += len(tickets)

@@ -32,7 +32,7 @@ from .table import RequestTable, State, Ticket
 # The process machinery (starting helpers, the fork server, the messages) is imported when the first
 # request is queued: a process that never builds anything never pays for it.
 if TYPE_CHECKING:
-    from .helper_process import HelperProcess, Stint
+    from .helper_process import HelperProcess, HelperEnding
     from .helper_starter import HelperStarter
 
 log = logging.getLogger("jit_ahead.pool")
@@ -372,7 +372,7 @@ class HelperPool:
         return False
 
     def _run_slot(self, slot: int) -> None:
-        from .helper_process import Stint
+        from .helper_process import HelperEnding
 
         backoff = self._backoff_initial
         failures = 0
@@ -393,10 +393,10 @@ class HelperPool:
                     log.error("%s helper slot %d: %d starts failed in a row; running with one helper fewer, "
                               "misses build in place", self.family.name, slot, failures)
                     break
-                outcome = Stint.DIED
+                outcome = HelperEnding.DIED
             else:
                 failures = 0
-                outcome = Stint.DIED
+                outcome = HelperEnding.DIED
                 try:
                     outcome = self._serve(helper, slot)
                 finally:
@@ -404,18 +404,18 @@ class HelperPool:
                         self._helpers.pop(slot, None)
                         self._last_busy = time.monotonic()
                     helper.stop(5.0)
-                if outcome not in (Stint.DIED, Stint.CRASHED) and self._retire.is_set():
+                if outcome not in (HelperEnding.DIED, HelperEnding.CRASHED) and self._retire.is_set():
                     self.stats.emit(events.HelperRetired(family=self.family.name, helper=helper.name))
             self.table.notify()  # launches waiting on queued work re-decide: a helper went away
-            if outcome is Stint.DIED:
+            if outcome is HelperEnding.DIED:
                 if self._closed.wait(backoff):
                     break
                 backoff = min(backoff * 2, self._backoff_max)
-            elif outcome is Stint.CRASHED:
+            elif outcome is HelperEnding.CRASHED:
                 backoff = self._backoff_initial
                 if self._closed.wait(backoff):
                     break
-            elif outcome is not Stint.IDLE:
+            elif outcome is not HelperEnding.IDLE:
                 backoff = self._backoff_initial
 
     def _idle_for_long(self) -> bool:
@@ -426,17 +426,17 @@ class HelperPool:
             return (not self._helpers and not self._starting
                     and time.monotonic() - self._last_busy >= FORKSERVER_IDLE_S)
 
-    def _serve(self, helper: HelperProcess, slot: int) -> Stint:
+    def _serve(self, helper: HelperProcess, slot: int) -> HelperEnding:
         """Feed ``helper`` jobs until nothing is left for it, it dies, it needs replacing or the pool
         closes."""
-        from .helper_process import Stint
+        from .helper_process import HelperEnding
 
         built = False
         while not self._closed.is_set():
             if helper.proc.poll() is not None:
                 log.warning("%s %s (pid %d) exited while idle (%s); starting a new one", self.family.name,
                             helper.name, helper.pid, helper.describe_exit())
-                return Stint.DIED
+                return HelperEnding.DIED
             outdated = self.starter.bring_up_to_date(helper)
             if outdated is not None:
                 return outdated
@@ -454,7 +454,7 @@ class HelperPool:
                 self.table.release(ticket, crashed=False)
                 self.preload(ticket.request.modules)
                 self.starter.refresh_forkserver()
-                return Stint.REFRESH
+                return HelperEnding.REFRESH
             with self._lock:
                 self._building[slot] = (helper, ticket)
             paused = self._pause_background() if urgent else []
@@ -471,7 +471,7 @@ class HelperPool:
             if gone is not None:
                 return gone
             built = True
-        return Stint.WORKED if built else Stint.IDLE
+        return HelperEnding.WORKED if built else HelperEnding.IDLE
 
     def _pause_background(self) -> list:
         """Pause the helpers building below WARMUP while the urgent slot builds: a launch is blocked on
@@ -490,10 +490,10 @@ class HelperPool:
         for helper in paused:
             resume(helper)
 
-    def _run_job(self, helper: HelperProcess, ticket: Ticket) -> Stint | None:
+    def _run_job(self, helper: HelperProcess, ticket: Ticket) -> HelperEnding | None:
         """Build one ticket in ``helper``; None if the helper is still there afterwards, else how it
         went (CRASHED: it died building, charged to the request)."""
-        from .helper_process import Stint
+        from .helper_process import HelperEnding
         from .protocol import Job, JobDone, JobTaken, ProtocolError
 
         request = ticket.request
@@ -502,7 +502,7 @@ class HelperPool:
                                           helper=helper.name, priority=ticket.priority.name))
         if not helper.send(Job(job_id, request)):
             self.table.release(ticket, crashed=False)
-            return Stint.DIED
+            return HelperEnding.DIED
         t0 = time.perf_counter()
         try:
             reply = helper.receive(self._build_timeout)
@@ -512,7 +512,7 @@ class HelperPool:
                 self.table.release(ticket, crashed=False)
                 log.warning("%s %s (pid %d) exited before it took %s (%s); the request goes back to the queue",
                             self.family.name, helper.name, helper.pid, request.label, helper.describe_exit())
-                return Stint.DIED
+                return HelperEnding.DIED
             if isinstance(reply, JobTaken) and reply.job_id == job_id:
                 reply = helper.receive(max(0.0, self._build_timeout - (time.perf_counter() - t0)))
         except TimeoutError:
@@ -526,7 +526,7 @@ class HelperPool:
             reply = None
         if self._closed.is_set() and not isinstance(reply, JobDone):
             self.table.release(ticket, crashed=False)  # stopped by close(), not a crash
-            return Stint.DIED
+            return HelperEnding.DIED
         if not isinstance(reply, JobDone) or reply.job_id != job_id:
             # The helper died mid-build (or sent garbage): release the claim at once so a waiting
             # launch builds in place now, not after its timeout.
@@ -539,7 +539,7 @@ class HelperPool:
                                                seconds=time.perf_counter() - t0))
             if reply is not None:
                 helper.proc.kill()
-            return Stint.CRASHED
+            return HelperEnding.CRASHED
         result = dataclasses.replace(reply.result, builder=helper.name)
         if result.ok:
             self.cost.helper_build(result.seconds)

@@ -15,7 +15,7 @@ from .own_cpu import counted
 from .limits import EngineLimits
 from .priority import Priority
 from .readiness import Readiness, ReadyRule, readiness
-from .say import family_helpers, say
+from .user_lines import family_helpers, tell_user
 from .stats import Stats
 from .stats_log import open_stats_log
 
@@ -35,7 +35,7 @@ class Session:
                  announce: bool = False, **family_options) -> None:
         """``skip_unavailable``: a family whose DSL is not installed is left out with one line instead of
         raising ImportError (the ``JIT_AHEAD=1`` start-up). ``announce``: the summary at close is shown
-        even where logging would not show it (``say``), as it is when a stats log is written."""
+        even where logging would not show it (``tell_user``), as it is when a stats log is written."""
         self.announce = announce
         self.stats = stats or Stats()
         self.stats_log = open_stats_log(self.stats)
@@ -159,7 +159,7 @@ class Session:
         if not self._planning:
             log.info("%s", state.line())
         elif state.complete:
-            say(state.line())
+            tell_user(state.line())
         else:
             log.warning("%s", state.line())
 
@@ -263,7 +263,7 @@ class Session:
         if self.stats_log is not None:
             self.stats_log.close()
         if self.announce or self.stats_log is not None:  # asked for: shown even without logging set up
-            say(line)
+            tell_user(line)
         else:
             log.info("%s", line)
 

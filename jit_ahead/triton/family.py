@@ -49,6 +49,7 @@ class TritonFamily(Family):
     name, spec, executor_class = FAMILY, SPEC, TritonExecutor
     # records: the variants this process built or loaded, and its autotune choices (per GPU model)
     record_kinds = ("records", "tuning_records")
+    extra_kinds = ("autotune_groups", "tuning_tasks")  # what a capture (plan.Capture) finds besides variants
 
     def __init__(self, stats: Stats, **options) -> None:
         # Helpers must write where this process reads: Triton's group files hold absolute paths.
@@ -125,9 +126,14 @@ class TritonFamily(Family):
         reset_after_fork()
         install_stand_in(self.device_view)
 
-    def note_groups(self, groups) -> None:
-        """Variants an autotuner benchmarks together, found by a planner (Capture.autotune_groups)."""
-        self.executor.note_autotune_groups(groups)
+    def absorb(self, kind: str, items: list, priority: Priority) -> None:
+        """A capture's autotune groups (the variants an autotuner benchmarks together) or tuning tasks."""
+        if kind == "autotune_groups":
+            self.executor.note_autotune_groups(items)
+        elif kind == "tuning_tasks":
+            self.note_tuning(items, priority)
+        else:
+            super().absorb(kind, items, priority)
 
     def note_tuning(self, tasks, priority) -> None:
         """Tuning tasks a planner met (Capture.tuning_tasks); kept in priority order, then first seen."""
@@ -186,15 +192,19 @@ class TritonFamily(Family):
         self.stats.emit(events.AutotuneBench(family=FAMILY, ahead=tuning_ahead(), tuning_key=repr(key),
                                              kernel=f"{kernel.module}.{kernel.fn.__qualname__}" if kernel else "?"))
 
-    def tuning_encode(self, task) -> dict:
+    def extra_encode(self, kind: str, item):
+        if kind == "autotune_groups":
+            return list(item)
         from . import tuning
 
-        return tuning.encode_task(task)
+        return tuning.encode_task(item) if kind == "tuning_tasks" else super().extra_encode(kind, item)
 
-    def tuning_decode(self, entry: dict):
+    def extra_decode(self, kind: str, entry):
+        if kind == "autotune_groups":
+            return tuple(map(str, entry))
         from . import tuning
 
-        return tuning.decode_task(entry)
+        return tuning.decode_task(entry) if kind == "tuning_tasks" else super().extra_decode(kind, entry)
 
     def plan_decode(self, entry: dict) -> TritonCompileRequest:
         if self._plan_decoder is None:

@@ -7,7 +7,7 @@ import sys
 log = logging.getLogger("jit_ahead.session")
 
 
-def say(line: str) -> None:
+def tell_user(line: str) -> None:
     """A line a person should see exactly once: through logging where it shows jit_ahead's INFO lines
     (the server configured it so), else on stderr."""
     if _logging_shows_info(log):
