@@ -166,7 +166,8 @@ class Family(ABC):
         """Undo ``_install_hooks`` and ``_start_recording``: nothing of this family survives its close."""
 
     def _start_recording(self) -> None:
-        """Where the family learns what to record (its executor's ``recorder``, library hooks)."""
+        """Where the family learns what to record: by default each variant its executor meets."""
+        self.executor.recorder = self._record
 
     # -- records ------------------------------------------------------------------------------------------------
     def _open_records_and_replay(self) -> None:

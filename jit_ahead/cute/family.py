@@ -56,7 +56,7 @@ class CuteFamily(Family):
         log.info("cute: %d helpers, arch %s, cache %s", self.pool.workers, self.arch, self.cache_dir)
 
     def _start_recording(self) -> None:
-        self.executor.recorder = self._record
+        super()._start_recording()
         if "quack" in sys.modules:  # calls of its compile functions are recorded once they are gated
             library_cache.gate_package("quack")
         library_cache.set_recorder(self._record_library_call)

@@ -45,9 +45,6 @@ class TileLangFamily(Family):
         super().start()
         log.info("tilelang: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
-    def _start_recording(self) -> None:
-        self.executor.recorder = self._record
-
     def _install_hooks(self) -> None:
         hook.install(self._handler)
 

@@ -85,13 +85,14 @@ def choice_of(autotuner: Autotuner, tuning_key, configs) -> TuningChoice | None:
 class KnownChoices:
     """The recorded choices of earlier starts, looked up where Triton would look in its own cache. Each
     family that read them is their owner; they are forgotten when it closes, so that nothing of one session
-    answers another's autotuners."""
+    answers another's autotuners. Owners are kept by identity (not by ``id``: an owner forgotten and
+    collected must not leave its number to a new one)."""
 
     def __init__(self) -> None:
-        self._by_owner: dict[int, dict[tuple, TuningChoice]] = {}
+        self._by_owner: dict[object, dict[tuple, TuningChoice]] = {}
         self._by_identity: dict[tuple, TuningChoice] = {}
         self._lock = fork_safe_lock()  # planners are forked while a replay thread may hold it
-        self._reading: set[int] = set()  # owners whose stored choices are being read
+        self._reading: set[object] = set()  # owners whose stored choices are being read
         self._read = threading.Condition(self._lock)
         if hasattr(os, "register_at_fork"):
             # a fork (a planner) has no reading thread: its lookups must not wait for one
@@ -101,11 +102,11 @@ class KnownChoices:
         """``owner`` is about to read stored choices: a lookup waits for them (``add``) a little, so that
         the first launches of a start that begins with autotuned kernels do not benchmark what is stored."""
         with self._lock:
-            self._reading.add(id(owner))
+            self._reading.add(owner)
 
     def add(self, choices, owner: object = None) -> None:
         with self._lock:
-            mine = self._by_owner.setdefault(id(owner), {})
+            mine = self._by_owner.setdefault(owner, {})
             for choice in choices:
                 mine[choice.identity] = choice
             self._merge()
@@ -113,13 +114,13 @@ class KnownChoices:
 
     def forget(self, owner: object) -> None:
         with self._lock:
-            if self._by_owner.pop(id(owner), None) is not None:
+            if self._by_owner.pop(owner, None) is not None:
                 self._merge()
             self._done_reading(owner)
 
     def _done_reading(self, owner: object) -> None:  # called with the lock held
-        if id(owner) in self._reading:
-            self._reading.discard(id(owner))
+        if owner in self._reading:
+            self._reading.discard(owner)
             self._read.notify_all()
 
     def _wait_read(self) -> None:

@@ -1,8 +1,5 @@
-"""The toy family on the family contract: what a third family writes (about as much as this file).
-
-It is its own builder module too (``prepare``/``build``), as helpers import it by name; its FamilyInfo is
-in ``tests/toy/__init__.py``.
-"""
+"""The toy family on the family contract: what a new family writes. It is its own builder module too
+(``prepare``/``build``, imported by helpers by name); its FamilyInfo is in ``tests/toy/__init__.py``."""
 from __future__ import annotations
 
 import contextlib
@@ -71,9 +68,6 @@ class ToyFamily(Family):
     def _remove_hooks(self) -> None:
         if dsl.handler == self.executor.on_call:
             dsl.handler = None
-
-    def _start_recording(self) -> None:
-        self.executor.recorder = self._record
 
     def record_format(self) -> RecordFormat:
         return RecordFormat(family=self.name, header={"toy_dsl": 1}, key_of=lambda r: r.key,
