@@ -19,7 +19,7 @@ from .pool import HelperPool
 from .priority import Priority
 from .requests import BuildRequest, BuildResult
 from .stats import Stats
-from .table import RequestTable, State
+from .table import State
 
 log = logging.getLogger("jit_ahead.executor")
 T = TypeVar("T")
@@ -60,14 +60,13 @@ class ExecutorBase(ABC):
     """The executor side every family shares: the variants planned (each new one a ``variant`` event, the
     coverage report compares against them), whether a variant is being built ahead, and the guard's
     report of a variant that needs a build after serving started; and what a launch does on a miss
-    (``obtain``). ``table`` is the family's, which its pool's helpers build from too."""
+    (``obtain``). Its table is its pool's, the one the pool's helpers build from."""
 
     family: ClassVar[str]
 
-    def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, wait_timeout: float,
-                 guard: str = "warn") -> None:
+    def __init__(self, pool: HelperPool, stats: Stats, wait_timeout: float, guard: str = "warn") -> None:
         self.pool = pool
-        self.table = table
+        self.table = pool.table
         self.stats = stats
         self.wait_timeout = wait_timeout
         self.guard = guard

@@ -35,7 +35,6 @@ from .pool import FamilySpec, HelperPool
 from .priority import Priority
 from .records import KNOB as RECORD_KNOB
 from .records import RecordFolder, RecordFormat, record_folder, recording_enabled
-from .table import RequestTable
 
 if TYPE_CHECKING:
     from .executor import ExecutorBase
@@ -77,9 +76,9 @@ class Family(ABC):
         ``env_overrides``: the helpers' environment beyond the server's (where to build: the cache folder
         this process loads from)."""
         self.stats = stats
-        self.table = RequestTable()  # what is queued, building and built; the pool's helpers and the executor share it
-        self.pool = HelperPool.from_knobs(self.spec, stats, self.table, workers=workers, device_view=device_view,
+        self.pool = HelperPool.from_knobs(self.spec, stats, workers=workers, device_view=device_view,
                                           env_overrides=dict(env_overrides or {}))
+        self.table = self.pool.table  # what is queued, building and built: the pool's, the executor's too
         self.pool.preload(tuple(preload or ()))
         self.executor = self._new_executor(core_knobs.wait_timeout_s(wait_timeout), core_knobs.guard_mode())
         for kind in self.record_kinds:
@@ -91,7 +90,7 @@ class Family(ABC):
         self._format: RecordFormat | None = None
 
     def _new_executor(self, wait_timeout: float, guard: str) -> ExecutorBase:
-        return self.executor_class(self.pool, self.table, self.stats, wait_timeout, guard=guard)
+        return self.executor_class(self.pool, self.stats, wait_timeout, guard=guard)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:

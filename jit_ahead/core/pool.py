@@ -60,7 +60,7 @@ class HelperPool:
     threads start with the first request queued after ``start()``, helpers when a slot takes work. How
     helpers are started (``start_mode``: forked from a fork server, or spawned) is the ``HelperStarter``'s;
     how long builds take, and whether a launch waits for a helper, the ``BuildCost``'s. ``table``: the
-    family's (its executor claims from the same one); a table of the pool's own when none is given.
+    pool's own; the family's executor claims from it too.
 
     Beside the ``workers`` slots, one more (the urgent slot, ``helper-urgent``) builds only what a launch
     is blocked on (URGENT), so that such a build never waits for a helper to finish a BACKGROUND one;
@@ -68,7 +68,7 @@ class HelperPool:
     CPUs, and resumed once it is done.
     """
 
-    def __init__(self, family: FamilySpec, *, workers: int, stats: Stats, table: RequestTable | None = None,
+    def __init__(self, family: FamilySpec, *, workers: int, stats: Stats,
                  env_overrides: dict[str, str] | None = None,
                  device_view: DeviceView | ViewOnDemand | None = None,
                  python: str = sys.executable,
@@ -87,8 +87,8 @@ class HelperPool:
         # before serving the executor mostly waits for them. Measured: docs/benchmarks.md, CPU politeness.
         self.serving_workers = workers if serving_workers is None else min(workers, serving_workers)
         self.stats = stats
-        # a family's table brings its own quarantine rule; ``quarantine_after`` makes the pool's own table
-        self.table = table if table is not None else RequestTable(quarantine_after=quarantine_after)
+        # what is queued, building and built: the pool owns it; the family's executor claims from it too
+        self.table = RequestTable(quarantine_after=quarantine_after)
         self.cost = BuildCost()
         self._build_timeout = build_timeout
         self._backoff_initial = backoff_initial
@@ -116,14 +116,14 @@ class HelperPool:
         self._last_busy = time.monotonic()  # when a helper last ran (the fork server's idle clock)
 
     @classmethod
-    def from_knobs(cls, family: FamilySpec, stats: Stats, table: RequestTable, *, workers: int | None,
+    def from_knobs(cls, family: FamilySpec, stats: Stats, *, workers: int | None,
                    env_overrides: dict[str, str], device_view: DeviceView | ViewOnDemand) -> "HelperPool":
         """A family's pool as the environment configures it (helper counts, build timeout, start mode),
         with the modules of the family's preload knob queued for helpers."""
         from . import knobs
 
         pool = cls(family, workers=knobs.worker_count(family.workers_knob) if workers is None else workers,
-                   stats=stats, table=table, env_overrides=env_overrides, device_view=device_view,
+                   stats=stats, env_overrides=env_overrides, device_view=device_view,
                    build_timeout=knobs.build_timeout_s(), start_mode=knobs.helper_start_mode(),
                    serving_workers=knobs.serving_worker_count())
         pool.preload(knobs.preload_modules(family.preload_knob))

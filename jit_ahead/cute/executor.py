@@ -17,7 +17,6 @@ from ..core import events
 from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.stats import Stats
-from ..core.table import RequestTable
 from .build import build_into, cache_root, object_path
 from .call import request_from_call
 from .request import FAMILY, CuteCompileRequest
@@ -48,9 +47,8 @@ class CuteExecutor(ExecutorBase):
     family = FAMILY
     build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
-    def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, arch: str, wait_timeout: float,
-                 guard: str = "warn") -> None:
-        super().__init__(pool, table, stats, wait_timeout, guard)
+    def __init__(self, pool: HelperPool, stats: Stats, arch: str, wait_timeout: float, guard: str = "warn") -> None:
+        super().__init__(pool, stats, wait_timeout, guard)
         self.arch = arch
         self._loaded: dict[str, object] = {}
         self._unsupported_seen: set[str] = set()

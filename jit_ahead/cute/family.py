@@ -49,7 +49,7 @@ class CuteFamily(Family):
         self._handler = self.executor.on_compile  # one bound method, so it can be removed again
 
     def _new_executor(self, wait_timeout: float, guard: str) -> CuteExecutor:
-        return CuteExecutor(self.pool, self.table, self.stats, self.arch, wait_timeout, guard=guard)
+        return CuteExecutor(self.pool, self.stats, self.arch, wait_timeout, guard=guard)
 
     def start(self) -> None:
         super().start()

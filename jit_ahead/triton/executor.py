@@ -16,7 +16,6 @@ from ..core import events
 from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.stats import Stats
-from ..core.table import RequestTable
 from ..core.priority import Priority
 from . import cache_check
 from .cache_check import Entry
@@ -46,9 +45,8 @@ class TritonExecutor(ExecutorBase):
     family = "triton"
     build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
-    def __init__(self, pool: HelperPool, table: RequestTable, stats: Stats, wait_timeout: float,
-                 guard: str = "warn") -> None:
-        super().__init__(pool, table, stats, wait_timeout, guard)
+    def __init__(self, pool: HelperPool, stats: Stats, wait_timeout: float, guard: str = "warn") -> None:
+        super().__init__(pool, stats, wait_timeout, guard)
         self._specializations: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
         self._damaged: set[str] = set()  # variants whose cache entry was found damaged (and removed)
         # variant -> the autotuned launches (their variants, in config order) it was planned in
