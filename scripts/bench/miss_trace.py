@@ -78,8 +78,10 @@ def toy_miss() -> dict:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
-        os.environ.update(TRITON_CACHE_DIR=os.path.join(scratch, "triton"), JIT_AHEAD_RECORD_DIR="0",
-                          JIT_AHEAD_TUNING_DIR="0", JIT_AHEAD_STATS="0",
+        for knob in ("JIT_AHEAD_RECORD_DIR", "JIT_AHEAD_STATS"):  # unset: no records, no stats log (defaults)
+            os.environ.pop(knob, None)
+        os.environ.update(TRITON_CACHE_DIR=os.path.join(scratch, "triton"), JIT_AHEAD_TUNING_DIR="0",
+                          JIT_AHEAD_PLAN_DIR=os.path.join(scratch, "plans"),
                           TOY_DSL_CACHE_DIR=os.path.join(scratch, "toy"))
         for name, run in (("triton", triton_miss), ("toy", toy_miss)):
             result = run()
