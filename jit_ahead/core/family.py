@@ -185,7 +185,7 @@ class Family(ABC):
 
     def _open_records(self) -> dict[str, RecordFolder | None]:
         """Open the family's record folders and queue what they hold (at REPLAY); returns them by kind."""
-        folder = record_folder(self.record_format())
+        folder = record_folder(self._record_format())
         items = folder.read() if folder is not None else []
         variants = [v for v in map(self._replayable, items) if v is not None]
         tickets = self.submit(variants, Priority.REPLAY, source="record") if variants else []

@@ -20,11 +20,10 @@ from ..core.pool import FamilySpec
 from ..core.records import RecordFormat
 from ..registry import workers_knob
 from . import build, disk_cache
-from .rebuild import RecordedKernel
+from .rebuild import FAMILY, RecordedKernel
 
 log = logging.getLogger("jit_ahead.deep_gemm")
 
-FAMILY = "deep_gemm"
 SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.deep_gemm.build", workers_knob=workers_knob(FAMILY),
                   preload_knob="JIT_AHEAD_DEEP_GEMM_PRELOAD")
 

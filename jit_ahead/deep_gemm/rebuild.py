@@ -21,6 +21,7 @@ from pathlib import Path
 from . import disk_cache
 from .key import SourceDigest, cache_key
 
+FAMILY = "deep_gemm"  # the family's name, which its build requests carry
 SOURCE = "kernel.cu"
 CUBIN = disk_cache.CUBIN
 META = disk_cache.META
@@ -85,7 +86,7 @@ class RecordedKernel:
     def build_request(self):
         from ..core.requests import BuildRequest
 
-        return BuildRequest(family="deep_gemm", key=self.entry, payload=self, label=self.label)
+        return BuildRequest(family=FAMILY, key=self.entry, payload=self, label=self.label)
 
     def is_built(self) -> bool:
         return disk_cache.find(disk_cache.cache_roots(), self.name, self.key) is not None
