@@ -107,7 +107,8 @@ def configure(config: Configure, pinned: bool = False):
     if config.device_view is not None:  # before any kernel library is imported: they read it at import
         (device_view.pin if pinned else device_view.install)(config.device_view)
     builder = importlib.import_module(config.builder)
-    return builder, builder.prepare(config.device_view) or {}
+    prepare = getattr(builder, "prepare", None)  # optional: a builder with no fixed costs has none
+    return builder, (prepare(config.device_view) if prepare is not None else None) or {}
 
 
 def serve(inbox, outbox, builder) -> int:

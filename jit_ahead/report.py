@@ -162,11 +162,12 @@ def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
             calls = _misses_are_calls(e.family)
             if calls:  # no compilation listener: the miss itself says what happened to the call
                 _count_call(rows[name], e, phase, loaded, planned_keys, spans, t)
-            if e.outcome == "ready" and (e.seconds or 0) > 0:
+            waited = e.waited if e.waited is not None else e.seconds  # logs before ``waited`` put it in seconds
+            if e.outcome == "ready" and (waited or 0) > 0:
                 row = rows[name]
                 row.waits += 1
-                row.waited_s += e.seconds
-                spans.append({"lane": "executor", "start": t - e.seconds, "end": t, "kind": "wait", "label": e.label})
+                row.waited_s += waited
+                spans.append({"lane": "executor", "start": t - waited, "end": t, "kind": "wait", "label": e.label})
             if e.planned is False and e.spec is not None:
                 _, diff = nearest(e.spec, specs.get(name, []))
                 unplanned.append({"kernel": name, "label": e.label, "phase": stamp.phase, "outcome": e.outcome,
@@ -244,7 +245,7 @@ def _cells(name: str, row: KernelRow) -> list[str]:
 
 
 def text(coverage: Coverage) -> str:
-    from .core.executor import LONG_WAIT_S
+    from .core.pool import LONG_WAIT_S
 
     table = [list(HEADER)] + [_cells(name, row) for name, row in coverage.kernels.items()]
     widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]

@@ -240,8 +240,9 @@ class HelperCrash(Event, name="helper_crash"):
 # -- the executor -----------------------------------------------------------------------------------------------
 class ExecutorMiss(Event, name="executor_miss"):
     """A launch found its variant not loaded. ``outcome``: disk, ready (a helper's build, after a wait of
-    ``seconds``), built_here, fallback (the DSL compiles it), damaged, unsupported. ``spec``: an unplanned
-    Triton variant's specialization JSON."""
+    ``waited`` seconds), built_here, fallback (the DSL compiles it), damaged, unsupported. ``seconds``: the
+    whole miss, from the call's description to its load; ``waited``: the part spent obtaining the build
+    (waiting, or building in place). ``spec``: an unplanned Triton variant's specialization JSON."""
 
     omitted_when_none: ClassVar[tuple[str, ...]] = ("kernel", "planned", "siblings_raised", "spec", "waited",
                                                     "reason")
@@ -259,7 +260,7 @@ class ExecutorMiss(Event, name="executor_miss"):
 
 
 class Wait(Event, name="wait"):
-    """A launch blocked on its variant's build for over ``executor.LONG_WAIT_S``: ``cause`` says what
+    """A launch blocked on its variant's build for over ``pool.LONG_WAIT_S``: ``cause`` says what
     held it when it started waiting (queued behind others, a helper's build in flight, helpers
     starting), ``outcome`` how it ended (ready, built_here, fallback)."""
 

@@ -6,15 +6,15 @@ declare under the entry-point group ``jit_ahead.families``. Its ``FamilyInfo`` n
 implements it, imported only when a session asks for the family (it imports its DSL).
 
 The parts of a family:
-- its **builder**, a module helpers import (``FamilySpec.builder``): ``prepare(device_view)`` once per
-  helper, before it reports Ready (shows the kernel libraries the server's GPU, pays the fixed costs;
+- its **builder**, a module helpers import (``FamilySpec.builder``): ``prepare(device_view)`` (optional) once
+  per helper, before it reports Ready (shows the kernel libraries the server's GPU, pays the fixed costs;
   returns what the helper reports about itself), then ``build(payload)`` per request (builds into the DSL's
-  cache atomically, returns details for the stats log, raises on failure); a build on the executor calls
-  the family's ``build_here``;
+  cache atomically, returns details for the stats log, raises on failure); a launch that builds in place
+  runs the same ``build`` on its own thread (the executor's ``build_here``);
 - its **executor** side (``ExecutorBase`` in ``core/executor.py``): the DSL's hook calls it on a miss;
 - the **family** itself (``Family`` below): the pool, the hooks, planning's captures, saved-plan entries,
   records and their replay;
-- its **variants** (``core/variant.py``): each buildable variant describes itself (key, label, whether it
+- its **variants** (``core/requests.py``): each buildable variant describes itself (key, label, whether it
   is built, the build request a helper runs), so queueing, replaying and saving plans are written once, here.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .executor import ExecutorBase
     from .stats import Stats
     from .table import Ticket
-    from .variant import Variant
+    from .requests import Variant
 
 log = logging.getLogger("jit_ahead.family")
 
@@ -52,7 +52,7 @@ class Family(ABC):
     plans. The session and planning use a family only through these methods.
 
     A family declares its ``name``, its pool's ``spec`` and its ``executor_class``, and implements its hooks,
-    its capture and its ``record_format``; its variants implement ``core/variant.py``.
+    its capture and its ``record_format``; its variants implement ``core/requests.py``.
 
     Records (``JIT_AHEAD_RECORD_DIR``): the family's record folders are opened, and their entries replayed,
     in a thread beside the server's start (``_open_records``); what the family records before they are

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .priority import Priority
-from .records import describe_difference, open_regular, unsafe_because
+from .records import describe_difference
+from .shared_files import open_regular, unsafe_because
 
 log = logging.getLogger("jit_ahead.planning")
 

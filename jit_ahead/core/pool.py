@@ -5,10 +5,15 @@ request table, and reads the result. A helper that dies (exit, signal, ``kill -9
 the slot thread sees end-of-stream at once, gives the job's claim back to the table (waiters wake and
 may build in place) and starts a new helper after a backoff. The pool knows nothing about any DSL:
 the family names a builder module that helpers import, and its requests carry opaque payloads.
+
+A launch that misses asks the pool for its variant (``obtain``): the pool finds the build done, waits for
+the helper building it, or has the launch build it in place on its own thread, whichever the measured
+build times say is faster (core/build_cost.py), and never two builds of one key.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import logging
 import os
@@ -16,7 +21,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import events
 from .build_cost import BuildCost, HelperLoad
@@ -25,7 +31,7 @@ from .knobs import checked_process_count, checked_seconds
 from .own_cpu import OwnThread
 from .preload_list import PreloadList
 from .priority import Priority
-from .requests import BuildRequest
+from .requests import BuildRequest, BuildResult
 from .stats import Stats
 from .table import RequestTable, State, Ticket
 
@@ -47,6 +53,31 @@ class FamilySpec:
     workers_knob: str
     preload_knob: str  # modules helpers import as soon as they start
 
+
+class Outcome(enum.Enum):
+    """What a launch that missed goes on with."""
+
+    READY = "ready"  # a build finished (possibly after a wait): load it
+    BUILT_HERE = "built_here"  # this thread built it in place
+    FALLBACK = "fallback"  # failed, quarantined or timed out: the DSL's normal path compiles
+
+
+@dataclass(frozen=True)
+class MissOutcome:
+    """The pool's answer to a launch that missed: the outcome, and the seconds the launch spent on it."""
+
+    outcome: Outcome
+    seconds: float
+
+
+# The family's build of one payload on the calling thread (a helper's build): the result's details.
+BuildHere = Callable[[Any], "dict | None"]
+
+# A launch blocked longer than this on its build is reported (a ``wait`` event with its cause).
+LONG_WAIT_S = 0.5
+# How often a launch waiting on a queued (not yet started) request re-decides between waiting and
+# building in place: the helpers' load and the queue change while it waits.
+_REDECIDE_S = 0.05
 
 # A helper with nothing to take for this long exits (it holds host memory); planning queues its finds at
 # shorter intervals, so a helper does not exit between two of them.
@@ -332,6 +363,92 @@ class HelperPool:
     def prefer_in_place(self, ticket: Ticket) -> bool:
         """Whether building ``ticket`` on the calling thread now beats waiting for a helper."""
         return self.cost.prefer_in_place(self.load_seen_by(ticket), crashed_before=bool(ticket.crashes))
+
+    # -- a launch's miss -----------------------------------------------------------------------------------
+    def obtain(self, request: BuildRequest, build_here: BuildHere, wait_timeout: float) -> MissOutcome:
+        """Make sure ``request`` is built before a launch goes on, waiting at most ``wait_timeout``: built
+        already, wait for the helper building it (raised to URGENT), or build it on the calling thread with
+        ``build_here(payload)`` (the family's build; it raises on failure). A wait over LONG_WAIT_S is one
+        ``wait`` event naming what held it."""
+        t0 = time.monotonic()
+        cause: list[str] = []
+        outcome = self._obtain(request, build_here, t0, wait_timeout, cause)
+        seconds = time.monotonic() - t0
+        if seconds > LONG_WAIT_S and cause:
+            self.stats.emit(events.Wait(family=self.family.name, key=request.key, label=request.label,
+                                        seconds=seconds, cause=cause[0], outcome=outcome.value))
+        return MissOutcome(outcome, seconds)
+
+    def _obtain(self, request: BuildRequest, build_here: BuildHere, t0: float, wait_timeout: float,
+                cause: list[str]) -> Outcome:
+        table, deadline = self.table, t0 + wait_timeout
+        self.preload(request.modules)  # so that helpers are ready for this library's next variants
+        if not self.helper_has_modules(request):
+            # A helper would import the kernel library before compiling (seconds, where the compile alone
+            # is often under one): build here unless a helper is already on it.
+            ticket, claimed = self.submit_claimed(request, Priority.URGENT, "executor")
+            if claimed:
+                return self._build_in_place(ticket, build_here)
+        else:
+            ticket = self.submit(request, Priority.URGENT)
+        while True:
+            state = ticket.state
+            if state is State.DONE:
+                return Outcome.READY
+            if state in (State.FAILED, State.QUARANTINED) or self.closed:
+                return Outcome.FALLBACK
+            if state is State.QUEUED and self.prefer_in_place(ticket) and table.claim(ticket, "executor"):
+                return self._build_in_place(ticket, build_here)
+            if not cause:
+                cause.append(self._holding(ticket))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("waited %.1fs for %s (%s by %s); giving up the wait and compiling in place "
+                            "(JIT_AHEAD_WAIT_TIMEOUT_S)", wait_timeout, request.label, state.value, ticket.owner)
+                return Outcome.FALLBACK
+            table.wait_for_change(ticket, min(remaining, _REDECIDE_S) if state is State.QUEUED else remaining)
+
+    def _holding(self, ticket: Ticket) -> str:
+        """What a launch about to wait on ``ticket`` waits for, in words (the ``wait`` event's cause)."""
+        if ticket.state is State.RUNNING:
+            since = time.monotonic() - (ticket.started_at or time.monotonic())
+            if ticket.owner == "executor":
+                return f"another launch was building it in place (for {since:.1f}s)"
+            return f"{ticket.owner} was building it (for {since:.1f}s)"
+        load = self.load_seen_by(ticket)
+        if not load.live_helpers:
+            return "queued while helpers were starting"
+        return (f"queued behind {load.queued_ahead} other requests, {len(load.busy_for)} of "
+                f"{load.live_helpers} helpers busy")
+
+    def build_queued(self, build_here: BuildHere, priority: Priority, deadline: float | None) -> None:
+        """No helper will build (none configured, or every slot gave up): build what is queued at
+        ``priority`` or higher on the calling thread, one at a time, until nothing is left or ``deadline``
+        (monotonic) passes. A request a launch is building meanwhile is not taken twice."""
+        while not self.closed and (deadline is None or time.monotonic() < deadline):
+            ticket = self.table.take_next("executor", 0.0, up_to=priority)
+            if ticket is None:
+                return
+            self._build_in_place(ticket, build_here)
+
+    def _build_in_place(self, ticket: Ticket, build_here: BuildHere) -> Outcome:
+        request = ticket.request
+        t0 = time.perf_counter()
+        try:
+            details = build_here(request.payload) or {}
+            result = BuildResult(request.key, True, time.perf_counter() - t0, "executor", details=details)
+        except Exception as exc:  # reported below; the DSL's normal path then compiles it
+            result = BuildResult(request.key, False, time.perf_counter() - t0, "executor",
+                                 f"{type(exc).__name__}: {exc}")
+        self.table.finish(ticket, result)
+        self.stats.emit(events.BuildFinish(family=request.family, key=request.key, label=request.label,
+                                           helper="executor", ok=result.ok, error=result.error,
+                                           seconds=result.seconds, found=result.found))
+        if result.ok:
+            self.cost.local_build(result.seconds)
+            return Outcome.BUILT_HERE
+        log.error("building %s in place failed:\n%s", request.label, result.error)
+        return Outcome.FALLBACK
 
     # -- slots --------------------------------------------------------------------------------------------
     def _slot_name(self, slot: int) -> str:

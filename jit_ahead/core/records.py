@@ -14,17 +14,18 @@ plain dotted identifiers.
 """
 from __future__ import annotations
 
-import errno
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
-import stat
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .shared_files import open_regular, unsafe_because
 
 log = logging.getLogger("jit_ahead.records")
 
@@ -58,31 +59,6 @@ def is_dotted_name(name: object) -> bool:
     return isinstance(name, str) and bool(name) and all(part.isidentifier() for part in name.split("."))
 
 
-def open_regular(path: Path):
-    """``path`` opened for reading as text, if it is a regular file: a FIFO or a device in a saved plan's or
-    a record's place would block the read (or never end); OSError names what it is instead."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise OSError(errno.EINVAL, f"it is {kind}")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, encoding="utf-8")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def unsafe_because(path: Path, st: os.stat_result) -> str | None:
-    """Why another user could change what this path holds, or None."""
-    if st.st_uid not in (os.getuid(), 0):
-        return f"owned by uid {st.st_uid}, not by this user"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def describe_difference(theirs: dict, ours: dict) -> str:
     names = sorted(set(theirs) | set(ours))
     parts = [f"{name}: {theirs.get(name)!r} here {ours.get(name)!r}" for name in names
@@ -100,6 +76,26 @@ class RecordFormat:
     key_of: Callable[[object], str]
     encode: Callable[[object], dict]
     decode: Callable[[dict], object]
+
+
+_PLAIN_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def dataclass_format(family: str, header: dict, variant_class: type) -> RecordFormat:
+    """The record format of a variant that is a dataclass of plain fields (str, int, float, bool), keyed by its
+    ``key``: an entry holds the fields by name, each checked against its declared type when read back."""
+    fields = [(f.name, _PLAIN_TYPES[f.type if isinstance(f.type, str) else f.type.__name__])
+              for f in dataclasses.fields(variant_class)]
+
+    def decode(entry: dict):
+        values = {name: entry[name] for name, _ in fields}
+        wrong = [name for name, kind in fields if type(values[name]) is not kind]
+        if wrong:
+            raise TypeError(f"{', '.join(wrong)}: not of the declared type")
+        return variant_class(**values)
+
+    return RecordFormat(family=family, header=header, key_of=lambda variant: variant.key,
+                        encode=lambda variant: {name: getattr(variant, name) for name, _ in fields}, decode=decode)
 
 
 class RecordFolder:

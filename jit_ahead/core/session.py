@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import logging
 import sys
 import threading
@@ -16,7 +15,7 @@ from .limits import EngineLimits
 from .priority import Priority
 from .readiness import Readiness, ReadyRule, readiness
 from .user_lines import family_helpers, tell_user
-from .stats import Stats
+from .stats import Stats, SummaryTally
 from .stats_log import open_stats_log
 
 if TYPE_CHECKING:  # imported when a model is first planned: a process that never plans does not pay for them
@@ -39,8 +38,8 @@ class Session:
         self.announce = announce
         self.stats = stats or Stats()
         self.stats_log = open_stats_log(self.stats)
-        self._tally: collections.Counter[str] = collections.Counter()
-        self.stats.subscribe(self._count)
+        self._tally = SummaryTally()
+        self.stats.subscribe(self._tally)
         self.families = {}
         for name in families:
             try:
@@ -279,24 +278,9 @@ class Session:
                      "building")
         return line
 
-    def _count(self, record: dict) -> None:
-        event = record["event"]
-        if event == "build_finish" and record.get("found"):  # another process sharing the cache built it
-            self._tally["found built by another process"] += 1
-        elif event == "build_finish":
-            self._tally["built in helpers" if record.get("helper") != "executor" else "built in place"] += 1
-        elif event == "executor_miss":
-            self._tally[f"executor {record.get('outcome')}"] += 1
-        elif event == "cache_damaged":
-            self._tally["damaged cache entries removed"] += 1
-        elif event == "replay" and record.get("variants"):
-            self._tally["replayed"] += record["variants"]
-        elif event == "compile" and not record.get("cache_hit"):
-            self._tally[f"executor compiles ({record.get('phase')})"] += 1
-
     def summary(self) -> dict:
         """Counts for the one-line summary at exit."""
-        out = {"planned": sum(sum(run.variants.values()) for run in self._planning), **self._tally,
+        out = {"planned": sum(sum(run.variants.values()) for run in self._planning), **self._tally.counts,
                "own CPU seconds in this process": round(own_cpu.total(), 2)}
         if self.stats_log is not None:
             failed = self.stats_log.failed

@@ -55,3 +55,26 @@ class Stats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+
+class SummaryTally:
+    """A listener counting what the session's summary at exit says: builds by where they ran, misses by
+    outcome, damaged entries, replayed variants, executor compiles by phase."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, record: dict) -> None:
+        event, counts = record["event"], self.counts
+        if event == "build_finish" and record.get("found"):  # another process sharing the cache built it
+            counts["found built by another process"] += 1
+        elif event == "build_finish":
+            counts["built in helpers" if record.get("helper") != "executor" else "built in place"] += 1
+        elif event == "executor_miss":
+            counts[f"executor {record.get('outcome')}"] += 1
+        elif event == "cache_damaged":
+            counts["damaged cache entries removed"] += 1
+        elif event == "replay" and record.get("variants"):
+            counts["replayed"] += record["variants"]
+        elif event == "compile" and not record.get("cache_hit"):
+            counts[f"executor compiles ({record.get('phase')})"] += 1

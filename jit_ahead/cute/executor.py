@@ -17,7 +17,7 @@ from ..core import events
 from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.stats import Stats
-from .build import build_into, cache_root, object_path
+from .build import object_path
 from .call import request_from_call
 from .request import FAMILY, CuteCompileRequest
 from .arg_specs import UnsupportedCall
@@ -37,15 +37,10 @@ def load(request: CuteCompileRequest, root: Path | None = None):
     return getattr(cute.runtime.load_module(str(path)), request.symbol)
 
 
-def build_in_place(request: CuteCompileRequest) -> dict:
-    return build_into(request, cache_root())
-
-
 class CuteExecutor(ExecutorBase):
     """Handles the server's ``cute.compile`` calls for one pool."""
 
     family = FAMILY
-    build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
 
     def __init__(self, pool: HelperPool, stats: Stats, arch: str, wait_timeout: float, guard: str = "warn") -> None:
         super().__init__(pool, stats, wait_timeout, guard)
@@ -83,14 +78,12 @@ class CuteExecutor(ExecutorBase):
                 self.report_unplanned(name, None, f"{name} cannot be built ahead ({why}) and needs a compile "
                                       "after serving started")
             return in_place()
-        if self.recorder is not None:
-            self.recorder(request)
         with self._lock:
             loaded = self._loaded.get(request.key)
         if loaded is not None:
             return loaded
-        return self.serve_miss(request, t0, built=request.is_built(), load=lambda: self._load(request),
-                               compile_here=in_place, dsl="the DSL")
+        return self.serve_miss(request, built=request.is_built(), load=lambda: self._load(request),
+                               compile_here=in_place, t0=t0)
 
     def _load(self, request: CuteCompileRequest):
         """Loaded once per key: a library calling ``cute.compile`` again for a variant gets the same object."""

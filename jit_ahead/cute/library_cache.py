@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.processes import fork_safe_lock
-from ..core.requests import BuildRequest
+from ..core.requests import VariantBase
 from .arch import targeting
 from .request import FAMILY, resolve
 
@@ -39,11 +39,13 @@ _gates: list[tuple[object, str, object, object]] = []
 
 
 @dataclass(frozen=True)
-class LibraryCacheRequest:
+class LibraryCacheRequest(VariantBase):
     """One call of a library's cached compile function, and where the library will look for its object.
 
     ``sha`` and ``fingerprint`` are computed by the library's own functions in the server; a helper whose
     library computes another fingerprint (other sources, CUTLASS or TVM FFI version) refuses the build."""
+
+    family = FAMILY
 
     module: str
     qualname: str  # of the jit_cache wrapper (``_compile_rmsnorm_fwd``, ``Softmax.compile``)
@@ -66,8 +68,6 @@ class LibraryCacheRequest:
     def label(self) -> str:
         return f"{self.module}.{self.qualname}[{self.sha[:12]}]"
 
-    def build_request(self) -> BuildRequest:
-        return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label, modules=(self.module,))
 
     def is_built(self) -> bool:
         return self.path.exists()

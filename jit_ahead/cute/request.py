@@ -8,7 +8,7 @@ import importlib
 import json
 from dataclasses import asdict, dataclass
 
-from ..core.requests import BuildRequest
+from ..core.requests import VariantBase
 
 FAMILY = "cute"
 
@@ -85,8 +85,10 @@ def uses_tvm_ffi(options: str) -> bool:
 
 
 @dataclass(frozen=True)
-class CuteCompileRequest:
+class CuteCompileRequest(VariantBase):
     """Everything that changes the exported object, so everything in its key."""
+
+    family = FAMILY
 
     module: str
     qualname: str  # of the @cute.jit function
@@ -113,12 +115,6 @@ class CuteCompileRequest:
         """The exported function's name in the object: a C identifier unique to the variant."""
         return f"jit_ahead_{self.key[:24]}"
 
-    @property
-    def label(self) -> str:
-        return f"{self.module}.{self.qualname}[{self.key[:12]}]"
-
-    def build_request(self) -> BuildRequest:
-        return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label, modules=(self.module,))
 
     def is_built(self) -> bool:
         from .build import object_path  # the build module imports the DSL's helpers: not for helpers' unpickling

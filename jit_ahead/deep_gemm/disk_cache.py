@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..core import cuda_elf
-from ..core.cache_entries import remove_entry
+from ..core.shared_files import remove_entry
 
 log = logging.getLogger("jit_ahead.deep_gemm")
 

@@ -37,7 +37,6 @@ class DeepGemmExecutor(ExecutorBase):
     has no helpers (``wait_ready``)."""
 
     family = FAMILY
-    build_here = staticmethod(build.build)
     key_of = staticmethod(lambda record: record.entry)
 
 

@@ -77,7 +77,7 @@ class RecordedKernel:
     def from_json(cls, entry: dict) -> "RecordedKernel":
         return cls(str(entry["name"]), str(entry["key"]), str(entry["source"]), dict(entry["meta"]))
 
-    # -- the variant (core/variant.py) ------------------------------------------------------------------------
+    # -- the variant (core/requests.py) ------------------------------------------------------------------------
     @property
     def entry(self) -> str:
         """The family's artifact key: DeepGEMM's entry name."""

@@ -9,10 +9,8 @@ as without jit_ahead. A kernel TileLang holds in memory already is TileLang's: n
 from __future__ import annotations
 
 import logging
-import time
 
 from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
-from . import build
 from .request import FAMILY
 
 log = logging.getLogger("jit_ahead.tilelang.executor")
@@ -24,8 +22,7 @@ CACHED_BACKENDS = ("tvm_ffi", "cython", "nvrtc", "cutedsl")
 class TileLangExecutor(ExecutorBase):
     """Handles the server's TileLang compiles for one pool."""
 
-    family = FAMILY
-    build_here = staticmethod(build.build)  # a build on the calling thread, as a helper's
+    family, dsl = FAMILY, "TileLang"
 
     def on_compile(self, cache, describe, in_place):
         """The hook's handler. If handling the compile fails, TileLang compiles it in place (the hook logs
@@ -42,17 +39,9 @@ class TileLangExecutor(ExecutorBase):
         if request.execution_backend not in CACHED_BACKENDS or request.key in cache._memory_cache:
             return in_place()  # a backend TileLang keeps no disk cache for, or a kernel it holds in memory
         try:
-            return self._on_compile(request, cache, in_place)
+            return self.serve_miss(request, built=request.is_built(cache), load=in_place, compile_here=in_place)
         except JitAfterReadyError:
             raise
         except Exception as exc:
             refuse_fallback_if_strict(self.guard, self.stats.phase, request.label, exc)
             raise
-
-    def _on_compile(self, request, cache, in_place):
-        t0 = time.perf_counter()
-        if self.recorder is not None:
-            self.recorder(request)
-        # TileLang's own call loads a built entry from disk, and compiles one that is not
-        return self.serve_miss(request, t0, built=request.is_built(cache), load=in_place, compile_here=in_place,
-                               dsl="TileLang")

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.requests import VariantBase
+
 FAMILY = "tilelang"
 
 
 @dataclass(frozen=True)
-class TileLangCompileRequest:
+class TileLangCompileRequest(VariantBase):
+    family = FAMILY
+    build_modules = ()  # the build reads its function from the request; helpers import TileLang at start
     key: str  # TileLang's kernel cache key: the entry's folder name
     module: str  # the kernel factory's module ("tilelang" for a bare tilelang.compile)
     qualname: str  # the factory's qualified name, or the PrimFunc's symbol
@@ -28,10 +32,6 @@ class TileLangCompileRequest:
     compile_flags: tuple | str | None
     args: tuple = ()  # the extra positional arguments of ``cached`` (part of the key as their repr)
 
-    @property
-    def label(self) -> str:
-        return f"{self.module}.{self.qualname}[{self.key[:12]}]"
-
     def cached_arguments(self) -> dict:
         """``KernelCache.cached``'s keyword arguments that reproduce the captured call."""
         from tvm.target import Target
@@ -40,11 +40,6 @@ class TileLangCompileRequest:
                 "target_host": Target(self.target_host) if self.target_host else None,
                 "execution_backend": self.execution_backend, "pass_configs": dict(self.pass_configs),
                 "compile_flags": list(self.compile_flags) if isinstance(self.compile_flags, tuple) else self.compile_flags}
-
-    def build_request(self):
-        from ..core.requests import BuildRequest
-
-        return BuildRequest(family=FAMILY, key=self.key, payload=self, label=self.label)
 
     def is_built(self, cache=None) -> bool:
         """On disk in TileLang's kernel cache (``cache``: the server's ``KernelCache``, or TileLang's own)."""

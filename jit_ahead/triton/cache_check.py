@@ -40,9 +40,8 @@ import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
-from ..core.cache_entries import remove_entry
 from ..core.processes import fork_safe_lock
-from ..core.records import open_regular
+from ..core.shared_files import open_regular, remove_entry
 from ..core.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 

@@ -12,24 +12,19 @@ import logging
 import time
 from collections import defaultdict
 
+from triton import knobs
+
 from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, Outcome, kernel_of, refuse_fallback_if_strict
+from ..core.executor import ExecutorBase, JitAfterReadyError, kernel_of, refuse_fallback_if_strict
 from ..core.pool import HelperPool
 from ..core.stats import Stats
 from ..core.priority import Priority
 from . import cache_check
 from .cache_check import Entry
+from .request import request_from_hook
 from .variant_diff import nearest
 
 log = logging.getLogger("jit_ahead.triton.executor")
-
-
-def request_from_hook(fn, compile: dict):
-    """The request of a compile Triton's hook reports (its module imports Triton's compiler: imported at the
-    first miss, not by a process that never misses)."""
-    from .call import request_from_hook as from_hook
-
-    return from_hook(fn, compile)
 
 
 def build_in_place(request) -> dict:
@@ -42,12 +37,13 @@ def build_in_place(request) -> dict:
 class TritonExecutor(ExecutorBase):
     """Handles the executor's misses for one pool."""
 
-    family = "triton"
-    build_here = staticmethod(build_in_place)  # a build on the calling thread, as a helper's
+    family, dsl = "triton", "Triton"
+    build_here = staticmethod(build_in_place)  # a helper's build without the launcher it prebuilds
 
     def __init__(self, pool: HelperPool, stats: Stats, wait_timeout: float, guard: str = "warn") -> None:
         super().__init__(pool, stats, wait_timeout, guard)
         self._specializations: dict[str, dict[str, None]] = defaultdict(dict)  # kernel -> its planned variants' JSON
+        self._previous_listener = None  # Triton's compilation listener before ours
         self._damaged: set[str] = set()  # variants whose cache entry was found damaged (and removed)
         # variant -> the autotuned launches (their variants, in config order) it was planned in
         self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
@@ -102,12 +98,11 @@ class TritonExecutor(ExecutorBase):
                       "compiles it in place", request.label, key[:16], damage)
         return first
 
-    def _guard(self, request) -> None:
+    def unplanned_message(self, request) -> str:
         planning = ("planning had finished" if self.planning_finished()
                     else "planning was still running, so it may have come later")
-        self.report_unplanned(request.label, request.predicted_hash,
-                              f"{request.label} was not planned and needs a build after serving started (key "
-                              f"{request.predicted_hash[:16]}; {planning}): {self.explain(request)}")
+        return (f"{request.label} was not planned and needs a build after serving started (key "
+                f"{request.predicted_hash[:16]}; {planning}): {self.explain(request)}")
 
     def note_autotune_groups(self, groups) -> None:
         """Remember which planned variants an autotuner benchmarks together (Capture.autotune_groups)."""
@@ -116,6 +111,13 @@ class TritonExecutor(ExecutorBase):
                 for key in group:
                     if group not in self._autotune_groups[key]:
                         self._autotune_groups[key].append(group)
+
+    def _before_wait(self, request) -> dict:
+        """Raise the autotune siblings of a miss; an unplanned variant's specialization goes to the stats
+        log, where the report compares it with the planned ones."""
+        planned = self.is_planned(request.predicted_hash)
+        return {"siblings_raised": self._raise_autotune_siblings(request),
+                "spec": None if planned else request.specialization_data}
 
     def _raise_autotune_siblings(self, request) -> int:
         """A miss inside an autotuner's benchmark: it is about to launch the other configs of this tuning
@@ -127,6 +129,26 @@ class TritonExecutor(ExecutorBase):
                 return 0
             keys = [request.predicted_hash] + [key for group in groups for key in group]
         return self.table.raise_queued(dict.fromkeys(keys), Priority.URGENT)
+
+    def listen_to_compiles(self) -> None:
+        """Be Triton's compilation listener (the one there before is called first): one ``compile`` event per
+        ``compile()`` of this process, a disk hit or a real compile."""
+        self._previous_listener = knobs.compilation.listener
+        knobs.compilation.listener = self.on_compile
+
+    def stop_listening_to_compiles(self) -> None:
+        if knobs.compilation.listener == self.on_compile:
+            knobs.compilation.listener = self._previous_listener
+
+    def on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
+        previous = self._previous_listener
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
+                     **kwargs)
+        micros = [getattr(times, "ir_initialization", 0) or 0, getattr(times, "store_results", 0) or 0,
+                  *(d for _, d in getattr(times, "lowering_stages", None) or ())]
+        self.stats.emit(events.Compile(family="triton", kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
+                                       cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6))
 
     def on_miss(self, *, fn, compile: dict) -> None:
         """The hook's miss handler. If handling the miss fails, the launch compiles the DSL's way (the
@@ -142,37 +164,13 @@ class TritonExecutor(ExecutorBase):
     def _on_miss(self, fn, compile: dict) -> None:
         t0 = time.perf_counter()
         request = request_from_hook(fn, compile)
-        if self.recorder is not None:
-            self.recorder(request)
-        stats = self.stats
         entry, damage = cache_check.check(request.predicted_hash, request.name, request.target[1])
-        if entry is Entry.OK:
-            stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
-                                           outcome="disk", seconds=time.perf_counter() - t0))
-            return
         if entry is Entry.DAMAGED and not self.remove_damaged(request, damage):
             # damaged again after its rebuild: removed, and Triton's own compile makes it anew
-            stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
-                                           kernel=kernel_of(request), outcome="damaged",
-                                           seconds=time.perf_counter() - t0))
+            self.record_met(request)
+            self.stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
+                                                kernel=kernel_of(request), outcome="damaged",
+                                                seconds=time.perf_counter() - t0))
             return
-        # A damaged entry was built before (by plan or by a launch): its rebuild is no planning gap for
-        # the guard to report; the damage has its own line.
-        if entry is not Entry.DAMAGED and self.guarding():
-            ticket = self.building_ahead(request.predicted_hash)
-            if ticket is not None:
-                # planned, not built yet: the launch waits for it (raised to URGENT) or builds it here
-                log.warning("%s was planned but is still %s (%s, %d queued ahead) when serving needs it",
-                            request.label, ticket.state.value, ticket.priority.name,
-                            self.table.queued_ahead(ticket))
-            else:
-                self._guard(request)
-        raised = self._raise_autotune_siblings(request)
-        outcome, waited = self.obtain(request.build_request(), build_in_place)
-        planned = self.is_planned(request.predicted_hash)
-        stats.emit(events.ExecutorMiss(family="triton", key=request.predicted_hash, label=request.label,
-                                       kernel=kernel_of(request), outcome=outcome.value, planned=planned,
-                                       seconds=waited, siblings_raised=raised,
-                                       spec=None if planned else request.specialization_data))  # for the report
-        if outcome is Outcome.FALLBACK:
-            log.warning("%s: no build ahead (see above); Triton compiles it in place", request.label)
+        # Triton loads the entry from disk, or compiles it itself if no build came
+        self.serve_miss(request, built=entry is Entry.OK, t0=t0, rebuilding=entry is Entry.DAMAGED)

@@ -57,7 +57,6 @@ class TritonFamily(Family):
         self._view = device_view.ViewOnDemand()  # read when first needed: starting costs no torch import
         super().__init__(stats, device_view=self._view, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, **options)
         self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
-        self._previous_listener = None
         self._plan_decoder = None
         self._tuning_lock = threading.Lock()
         self._closing = False
@@ -95,16 +94,14 @@ class TritonFamily(Family):
     def _install_hooks(self) -> None:
         autotune.install_bench_listener(self._on_benchmark)
         hook.install(self._on_miss)
-        self._previous_listener = knobs.compilation.listener
-        knobs.compilation.listener = self._on_compile
+        self.executor.listen_to_compiles()
 
     def _remove_hooks(self) -> None:
         hook.release(self._on_miss)
         autotune.remove_recorder(self._record_choice)
         autotune.keep_every_choice(False)
         autotune.remove_bench_listener(self._on_benchmark)
-        if knobs.compilation.listener == self._on_compile:
-            knobs.compilation.listener = self._previous_listener
+        self.executor.stop_listening_to_compiles()
 
     @contextlib.contextmanager
     def capture(self, target=None) -> Iterator[Capture]:
@@ -324,17 +321,6 @@ class TritonFamily(Family):
 
     def _recordable(self, kind: str, item, folder: RecordFolder) -> bool:
         return kind != "records" or _fits_header(folder, item.request)
-
-    def _on_compile(self, *, src, metadata, metadata_group, times, cache_hit, **kwargs) -> None:
-        """Triton's compilation listener: every compile() of this process, a disk hit or a real compile."""
-        previous = self._previous_listener
-        if previous is not None:
-            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit,
-                     **kwargs)
-        micros = [getattr(times, "ir_initialization", 0) or 0, getattr(times, "store_results", 0) or 0,
-                  *(d for _, d in getattr(times, "lowering_stages", None) or ())]
-        self.stats.emit(events.Compile(family=FAMILY, kernel=getattr(src, "name", "?"), key=metadata.get("hash"),
-                                       cache_hit=bool(cache_hit), seconds=sum(micros) / 1e6))
 
 
 def _fits_header(records: RecordFolder, request: TritonCompileRequest) -> bool:

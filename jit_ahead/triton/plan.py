@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction
 
 from ..core.processes import fork_safe_lock
 from . import autotune, hook, tuning
-from .call import cache_invalidating_env, request_from_hook
+from .request import cache_invalidating_env, request_from_hook
 from .request import TritonCompileRequest
 from .compile_inputs import on_disk
 from . import standin

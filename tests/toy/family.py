@@ -1,26 +1,26 @@
 """The toy family on the family contract: what a new family writes. It is its own builder module too
-(``prepare``/``build``, imported by helpers by name); its FamilyInfo is in ``tests/toy/__init__.py``."""
+(``build``, imported by helpers by name); its FamilyInfo is in ``tests/toy/__init__.py``."""
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 
 from jit_ahead.core.device_view import DeviceView
 from jit_ahead.core.executor import ExecutorBase
 from jit_ahead.core.family import Family
 from jit_ahead.core.pool import FamilySpec
-from jit_ahead.core.records import RecordFormat
-from jit_ahead.core.requests import BuildRequest
+from jit_ahead.core.records import RecordFormat, dataclass_format
+from jit_ahead.core.requests import VariantBase
 
 from . import INFO, dsl
 
 
 @dataclass(frozen=True)
-class ToyRequest:  # the toy's variant (core/variant.py)
+class ToyRequest(VariantBase):  # the toy's variant (core/requests.py)
     kernel: str
     spec: str
     module: str = "tests.toy.kernels"  # what the report and records call the kernel's module
+    family, build_modules = INFO.name, ("tests.toy.dsl",)  # helpers import the DSL to build it
 
     qualname = property(lambda self: self.kernel)
     key = property(lambda self: dsl.key(self.kernel, self.spec))
@@ -29,29 +29,19 @@ class ToyRequest:  # the toy's variant (core/variant.py)
     def is_built(self) -> bool:
         return dsl.path_of(self.kernel, self.spec).exists()
 
-    def build_request(self) -> BuildRequest:
-        return BuildRequest(INFO.name, self.key, self, self.label, modules=("tests.toy.dsl",))
 
-
-def prepare(view: DeviceView | None = None) -> dict:  # the builder helpers import: once, then per request
-    return {"toy": "ready"}
-
-
-def build(request: ToyRequest) -> dict:
+def build(request: ToyRequest) -> dict:  # the builder helpers import calls this per request
     return {"path": str(dsl.build(request.kernel, request.spec))}
 
 
 class ToyExecutor(ExecutorBase):
-    family = INFO.name
-    build_here = staticmethod(build)
+    family, dsl = INFO.name, "the toy DSL"
 
     def on_call(self, kernel: str, spec: str) -> str:
         """The DSL's hook: load the built file, wait for the helper building it, or build it here."""
-        request, t0 = ToyRequest(kernel, spec), time.perf_counter()
-        if self.recorder is not None:
-            self.recorder(request)
-        return self.serve_miss(request, t0, built=request.is_built(), dsl="the toy DSL",
-                               load=dsl.path_of(kernel, spec).read_text, compile_here=lambda: dsl.compile_here(kernel, spec))
+        request = ToyRequest(kernel, spec)
+        return self.serve_miss(request, built=request.is_built(), load=dsl.path_of(kernel, spec).read_text,
+                               compile_here=lambda: dsl.compile_here(kernel, spec))
 
 
 class ToyFamily(Family):
@@ -70,9 +60,7 @@ class ToyFamily(Family):
             dsl.handler = None
 
     def record_format(self) -> RecordFormat:
-        return RecordFormat(family=self.name, header={"toy_dsl": 1}, key_of=lambda r: r.key,
-                            encode=lambda r: {"kernel": r.kernel, "spec": r.spec},
-                            decode=lambda e: ToyRequest(str(e["kernel"]), str(e["spec"])))
+        return dataclass_format(self.name, {"toy_dsl": 1}, ToyRequest)
 
     @contextlib.contextmanager
     def capture(self, target=None):
