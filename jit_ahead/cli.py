@@ -79,7 +79,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         with notes:
             t0 = time.perf_counter()
-            with BuildProgress(session.triton.table) as progress:
+            with BuildProgress(session.families["triton"].table) as progress:
                 runs = {name: session.plan_model(_make_model(name, "meta"), limits) for name in names}
                 notes.cover_new_handlers()  # the model libraries are imported now
                 for name, run in runs.items():  # each as soon as it is known
@@ -87,7 +87,7 @@ def _demo(args: argparse.Namespace) -> int:
                     progress.write(_planned_line(name, run))
                 session.wait_ready(priority=Priority.BACKGROUND)
             wall = time.perf_counter() - t0
-            status = _report_builds(runs, session.triton.pool.workers, wall)
+            status = _report_builds(runs, session.families["triton"].pool.workers, wall)
             print(f"cache: {os.path.abspath(knobs.cache.dir)}")
             if on_gpu and status == 0:
                 status = _serve_on_gpu(session, names, limits, args.requests)

@@ -179,10 +179,10 @@ SERVER = """
     hook._original = counting
 
     # Planning: the host side runs in a capture; nothing compiles; a helper builds the request.
-    with session.cute.capture() as plan:
+    with session.families["cute"].capture() as plan:
         planned = cute_add.compile_add("Float16")
         cute_add.compile_add_tvm_ffi("Float16")
-    tickets = session.cute.submit(plan, Priority.WARMUP)
+    tickets = session.families["cute"].submit(plan, Priority.WARMUP)
     assert [t.wait(600).name for t in tickets] == ["DONE", "DONE"], [t.result for t in tickets]
     after_planning = list(compiles)
 

@@ -240,7 +240,7 @@ def test_a_kernel_deep_gemm_compiled_is_recorded_and_rebuilt_by_a_helper_at_the_
     monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "gpu-machine"))
     first = Session(families=("deep_gemm",), deep_gemm={"workers": 1}).start()
     try:
-        assert first.deep_gemm.wait_replay(60)
+        assert first.families["deep_gemm"].wait_replay(60)
         # the server's DeepGEMM compiles a kernel into its cache (here by the same rebuild: no GPU)
         rebuild(record, [tmp_path / "gpu-machine"], [include], nvcc=NVCC)
     finally:
@@ -252,7 +252,7 @@ def test_a_kernel_deep_gemm_compiled_is_recorded_and_rebuilt_by_a_helper_at_the_
     second.stats.subscribe(events.append)
     second.start()
     try:
-        assert second.deep_gemm.wait_replay(60)
+        assert second.families["deep_gemm"].wait_replay(60)
         assert second.wait_ready(300, priority=Priority.REPLAY)
     finally:
         second.close()

@@ -85,9 +85,9 @@ def test_two_threads_racing_on_one_variant_cause_one_build(session_factory):
 
 def test_kill_9_of_a_helper_mid_build_releases_the_waiting_launch_at_once(session_factory):
     session = session_factory(workers=1)
-    pool = session.triton.pool
+    pool = session.families["triton"].pool
     request = slow_request(steps=14)  # several seconds of compile on these CPUs
-    (ticket,) = session.triton.submit([request], Priority.BACKGROUND)
+    (ticket,) = session.families["triton"].submit([request], Priority.BACKGROUND)
     wait_state(ticket, lambda t: t.state is State.RUNNING and t.owner == "helper-0")
     done = []
     launcher = threading.Thread(target=lambda: done.append(
@@ -107,7 +107,7 @@ def test_kill_9_of_a_helper_mid_build_releases_the_waiting_launch_at_once(sessio
 
 def test_an_unplanned_miss_builds_in_place_and_helpers_get_its_library_for_later_builds(session_factory):
     session = session_factory(workers=1)
-    pool = session.triton.pool
+    pool = session.families["triton"].pool
     events = []
     session.stats.subscribe(events.append)
     # Nothing is queued, so no helper runs: the miss builds in place at once (a helper would first have
@@ -119,7 +119,7 @@ def test_an_unplanned_miss_builds_in_place_and_helpers_get_its_library_for_later
     # it forks the helper that builds that work.
     with capture() as plan:
         k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
-    (ticket,) = session.triton.submit(plan, Priority.BACKGROUND)
+    (ticket,) = session.families["triton"].submit(plan, Priority.BACKGROUND)
     assert ticket.wait(120) is State.DONE and ticket.result.builder == "helper-0"
     assert [e["modules"] for e in events if e["event"] == "forkserver_preloaded"] == [1]
 
@@ -128,7 +128,7 @@ def test_no_helpers_means_misses_build_in_place(session_factory):
     session = session_factory(workers=0)
     kernel = k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=128)
     assert kernel is not None
-    (ticket,) = [session.triton.pool.table.get(kernel.hash)]
+    (ticket,) = [session.families["triton"].pool.table.get(kernel.hash)]
     assert ticket.state is State.DONE and ticket.result.builder == "executor"
 
 
@@ -143,8 +143,8 @@ def test_a_miss_inside_an_autotuner_raises_the_other_configs_of_its_tuning_key(s
     (group,) = plan.autotune_groups
     assert len(group) == 3 and set(group) < {r.predicted_hash for r in plan.requests}
     (other,) = [r.predicted_hash for r in plan.requests if r.predicted_hash not in group]
-    session.triton.submit(plan, Priority.BACKGROUND)
-    table = session.triton.pool.table
+    session.families["triton"].submit(plan, Priority.BACKGROUND)
+    table = session.families["triton"].pool.table
 
     k.stored_tuning_kernel[(1,)](meta(n), meta(n), n)  # its autotuner launches each config in turn
     misses = [e for e in events if e["event"] == "executor_miss" and e["key"] in group]
@@ -169,7 +169,7 @@ def test_a_wait_longer_than_the_timeout_falls_back_to_triton(session_factory, ca
     caplog.set_level(logging.WARNING, logger="jit_ahead")
     session = session_factory(workers=1, wait_timeout=0.3)
     request = slow_request(steps=10)
-    (ticket,) = session.triton.submit([request], Priority.BACKGROUND)
+    (ticket,) = session.families["triton"].submit([request], Priority.BACKGROUND)
     wait_state(ticket, lambda t: t.state is State.RUNNING and t.owner == "helper-0")
     kernel = k.slow_kernel[(1,)](meta(1024), STEPS=10, BLOCK=1024)
     assert kernel is not None
@@ -180,7 +180,7 @@ def test_a_disk_hit_needs_no_build(session_factory):
     session = session_factory(workers=1)
     with capture() as planned:
         k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=64)
-    for ticket in session.triton.submit(planned):
+    for ticket in session.families["triton"].submit(planned):
         ticket.wait(120)
     builds = session.stats.count("build_finish")
     with CompileEvents() as compiles:
@@ -250,7 +250,7 @@ def test_a_stopped_process_holding_a_variants_build_lock_holds_no_launch_past_th
         events = []
         session.stats.subscribe(events.append)
         if builder == "helper":
-            (ticket,) = session.triton.submit([request], Priority.WARMUP)
+            (ticket,) = session.families["triton"].submit([request], Priority.WARMUP)
             assert ticket.wait(60) is State.DONE, ticket.result and ticket.result.error
             assert ticket.result.builder == "helper-0"
         else:
@@ -325,7 +325,7 @@ def test_damaged_cache_entries_are_removed_and_rebuilt_once_and_never_load(sessi
     session = session_factory(workers=1)
     events = []
     session.stats.subscribe(events.append)
-    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    assert all(t.wait(120) is State.DONE for t in session.families["triton"].submit(planned.requests, Priority.WARMUP))
     originals = {}
     for request, how in zip(planned.requests, DAMAGE):
         folder = cache_check.folder_of(request.predicted_hash)
@@ -370,7 +370,7 @@ def test_an_entry_found_sound_is_not_read_again_until_one_of_its_files_changes(s
         k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=256)
     (request,) = planned.requests
     session = session_factory(workers=1)
-    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    assert all(t.wait(120) is State.DONE for t in session.families["triton"].submit(planned.requests, Priority.WARMUP))
     digests = []
     original = cache_check._digest
     monkeypatch.setattr(cache_check, "_digest", lambda path: digests.append(path) or original(path))
@@ -458,13 +458,13 @@ def test_what_one_process_found_sound_the_next_checks_without_reading_it(session
         k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=512)
     first, second = planned.requests
     session = session_factory(workers=1)
-    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    assert all(t.wait(120) is State.DONE for t in session.families["triton"].submit(planned.requests, Priority.WARMUP))
     folders = [cache_check.folder_of(r.predicted_hash) for r in planned.requests]
     aged = time.time() - 60  # settled: file times advance in coarse steps
     for folder in folders:
         for name in os.listdir(folder):
             os.utime(os.path.join(folder, name), (aged, aged))
-    session.triton.submit(planned.requests, Priority.WARMUP)  # as a warm start reads its saved plan
+    session.families["triton"].submit(planned.requests, Priority.WARMUP)  # as a warm start reads its saved plan
     kept = triton_cache / cache_check.CHECKED
     assert len(json.loads(kept.read_text())["entries"]) == 2
     (outcome, _, hashed), _ = check_in_new_process(first)
@@ -483,7 +483,7 @@ def test_what_one_process_found_sound_the_next_checks_without_reading_it(session
     shutil.rmtree(folders[0])
     (outcome, _, hashed), _ = check_in_new_process(second)
     assert (outcome, hashed) == ("ok", 0)
-    session.triton.submit([second], Priority.WARMUP)  # nothing new found sound: the file is as it was
+    session.families["triton"].submit([second], Priority.WARMUP)  # nothing new found sound: the file is as it was
     cache_check._unsaved.add(str(triton_cache))
     cache_check.save_checked()
     assert [e[0] for e in json.loads(kept.read_text())["entries"]] == [os.path.basename(folders[1])]
@@ -503,7 +503,7 @@ def test_a_damaged_list_of_checked_entries_is_named_once_ignored_and_written_aga
         k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=256)
     (request,) = planned.requests
     session = session_factory(workers=1)
-    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    assert all(t.wait(120) is State.DONE for t in session.families["triton"].submit(planned.requests, Priority.WARMUP))
     folder = cache_check.folder_of(request.predicted_hash)
     aged = time.time() - 60
     for name in os.listdir(folder):
@@ -555,7 +555,7 @@ def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_
             k.add_kernel[(1,)](meta(), meta(), meta(), 4096, BLOCK=block)
     first, second = planned.requests
     session = session_factory(workers=1)
-    assert all(t.wait(120) is State.DONE for t in session.triton.submit(planned.requests, Priority.WARMUP))
+    assert all(t.wait(120) is State.DONE for t in session.families["triton"].submit(planned.requests, Priority.WARMUP))
     session.mark_serving()
     for request in planned.requests:
         _corrupt(cache_check.folder_of(request.predicted_hash), "truncated metadata")
@@ -565,7 +565,7 @@ def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_
         raise AssertionError(f"a damaged planned entry was refused as unplanned: {exc}") from None
     assert not [r for r in caplog.records if "was not planned" in r.getMessage()]
     # planning the same variants again finds the other one damaged, and helpers build it again
-    (ticket,) = session.triton.submit([second], Priority.WARMUP)
+    (ticket,) = session.families["triton"].submit([second], Priority.WARMUP)
     assert ticket.wait(120) is State.DONE
     assert cache_check.check(second.predicted_hash, second.name, 90)[0] is cache_check.Entry.OK
     assert any("queued to be built again" in r.getMessage() for r in caplog.records)
@@ -579,10 +579,10 @@ def test_a_launch_blocked_while_helpers_build_background_work_gets_the_urgent_he
     from jit_ahead.report import analyse, text
 
     session = session_factory(workers=1)
-    pool = session.triton.pool
+    pool = session.families["triton"].pool
     events = []
     session.stats.subscribe(events.append)
-    background = session.triton.submit([slow_request(steps) for steps in (40, 41, 42)], Priority.BACKGROUND)
+    background = session.families["triton"].submit([slow_request(steps) for steps in (40, 41, 42)], Priority.BACKGROUND)
     wait_state(background[0], lambda t: t.state is State.RUNNING and t.owner == "helper-0")
     busy = psutil.Process(pool.helper_pids()["helper-0"])
     seen, watching = set(), threading.Event()
@@ -620,8 +620,8 @@ def test_a_launch_blocked_while_helpers_build_background_work_gets_the_urgent_he
 
 def test_kill_9_of_the_urgent_helper_mid_build_frees_the_launch_and_resumes_the_paused_helpers(session_factory):
     session = session_factory(workers=1)
-    pool = session.triton.pool
-    background = session.triton.submit([slow_request(steps) for steps in (40, 41)], Priority.BACKGROUND)
+    pool = session.families["triton"].pool
+    background = session.families["triton"].submit([slow_request(steps) for steps in (40, 41)], Priority.BACKGROUND)
     wait_state(background[0], lambda t: t.state is State.RUNNING and t.owner == "helper-0")
     busy = psutil.Process(pool.helper_pids()["helper-0"])
     done = []

@@ -58,7 +58,7 @@ def test_the_entry_point_group_registers_a_family_and_a_session_starts_it(toy):
     assert registry.triggers(["toy", "nonesuch"]) == ("tests.toy.dsl",)
     assert "toy" in registry.known_families() and "triton" in registry.known_families()
     session = toy(workers=1)
-    family = session.toy
+    family = session.families["toy"]
     assert isinstance(family, ToyFamily) and isinstance(family, Family)
     assert dsl.handler == family.executor.on_call
     session.close()
@@ -84,11 +84,11 @@ def test_a_broken_entry_point_is_one_line_and_leaves_the_others(toy, tmp_path, c
 def test_planned_variants_are_built_by_helpers_and_loaded_without_a_compile(toy):
     session = toy(workers=1)
     events = session.seen
-    with session.toy.capture() as calls:
+    with session.families["toy"].capture() as calls:
         for spec in ("a", "b", "c"):
             dsl.compile("add", spec)
     assert calls == [("add", "a"), ("add", "b"), ("add", "c")] and not dsl.path_of("add", "a").exists()
-    tickets = session.toy.submit(calls, Priority.WARMUP)
+    tickets = session.families["toy"].submit(calls, Priority.WARMUP)
     assert len(tickets) == 3 and session.wait_ready(timeout=60)
     built = [e for e in events if e["event"] == "build_finish"]
     assert len(built) == 3 and all(e["ok"] and e["helper"].startswith("helper") for e in built)
@@ -96,17 +96,17 @@ def test_planned_variants_are_built_by_helpers_and_loaded_without_a_compile(toy)
     (miss,) = [e for e in events if e["event"] == "executor_miss"]
     assert (miss["outcome"], miss["planned"]) == ("disk", True)
     assert dsl.compiled_here == []
-    assert session.toy.submit([("add", "a")], Priority.WARMUP) == []  # on disk: nothing queued again
+    assert session.families["toy"].submit([("add", "a")], Priority.WARMUP) == []  # on disk: nothing queued again
 
 
 def test_a_launch_waits_for_the_helper_building_its_variant(toy):
     session = toy(workers=1)
     events = session.seen
-    (ticket,) = session.toy.submit([("add", "slow:1.5")], Priority.BACKGROUND)
+    (ticket,) = session.families["toy"].submit([("add", "slow:1.5")], Priority.BACKGROUND)
     deadline = time.monotonic() + 120
     while ticket.state.value == "queued":  # until the helper has it
         assert time.monotonic() < deadline, "no helper took the request"
-        session.toy.pool.table.wait_for_change(ticket, 0.05)
+        session.families["toy"].pool.table.wait_for_change(ticket, 0.05)
     text = dsl.compile("add", "slow:1.5")
     assert "built by pid" in text and dsl.compiled_here == []
     (miss,) = [e for e in events if e["event"] == "executor_miss"]
@@ -134,7 +134,7 @@ def test_a_failed_build_falls_back_to_the_dsl_and_the_guard_names_unplanned_vari
     dsl.compile("add", "late")
     (guard,) = [e for e in events if e["event"] == "guard"]
     assert guard["family"] == "toy" and "add[late] was not planned" in guard["message"]
-    session.toy.executor.guard = "error"
+    session.families["toy"].executor.guard = "error"
     with pytest.raises(JitAfterReadyError, match=r"add\[later\] was not planned.*JIT_AHEAD_MODE=error"):
         dsl.compile("add", "later")
 
@@ -145,7 +145,7 @@ def test_records_are_replayed_by_helpers_at_the_next_start(toy, tmp_path, monkey
     first = toy(workers=0)
     for spec in ("r1", "r2"):
         dsl.compile("add", spec)
-    assert first.toy.wait_replay(10)
+    assert first.families["toy"].wait_replay(10)
     first.close()
     monkeypatch.setenv(dsl.CACHE_KNOB, str(tmp_path / "another-cache"))  # a second node: nothing built
     second = toy(workers=1)
@@ -160,9 +160,9 @@ def test_records_are_replayed_by_helpers_at_the_next_start(toy, tmp_path, monkey
 def test_the_report_reads_the_toy_family_from_its_stats(toy, tmp_path, monkeypatch):
     monkeypatch.setenv("JIT_AHEAD_STATS", str(tmp_path / "stats.jsonl"))
     session = toy(workers=1)
-    with session.toy.capture() as calls:
+    with session.families["toy"].capture() as calls:
         dsl.compile("add", "p")
-    session.toy.submit(calls, Priority.WARMUP)
+    session.families["toy"].submit(calls, Priority.WARMUP)
     assert session.wait_ready(timeout=60)
     dsl.compile("add", "p")
     session.mark_serving(tune_ahead=False)

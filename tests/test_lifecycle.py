@@ -99,7 +99,7 @@ def test_without_wait_ready_the_ready_line_comes_when_serving_starts(session_fac
     limits = EngineLimits(max_num_tokens=64, max_batch_size=8, cuda_graph_batch_sizes=(1, 8))
     run = session.plan_model(model(), limits, [ScaleProvider()])
     assert run.wait(300)
-    assert session.triton.table.wait_idle(300)
+    assert session.families["triton"].table.wait_idle(300)
     session.mark_serving()
     lines = [r.getMessage() for r in caplog.records if "jit_ahead ready" in r.getMessage()]
     assert lines == [f"jit_ahead ready: the plan is complete: {sum(run.variants.values())} variants, all built "
@@ -171,16 +171,16 @@ def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
     with capture() as planned:
         for block in (32, 64, 128):
             k.add_kernel[(1,)](x, x, x, 4096, BLOCK=block)
-    tickets = session.triton.submit(planned, Priority.BACKGROUND)
+    tickets = session.families["triton"].submit(planned, Priority.BACKGROUND)
     deadline = time.monotonic() + 120
-    while not session.triton.pool.helper_pids() and time.monotonic() < deadline:
+    while not session.families["triton"].pool.helper_pids() and time.monotonic() < deadline:
         time.sleep(0.05)
-    (pid,) = session.triton.pool.helper_pids().values()
+    (pid,) = session.families["triton"].pool.helper_pids().values()
     session.mark_serving()
     assert all(t.wait(120) is State.DONE for t in tickets)  # queued work is finished first
-    while session.triton.pool.live_helpers() and time.monotonic() < deadline:
+    while session.families["triton"].pool.live_helpers() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert session.triton.pool.live_helpers() == 0
+    assert session.families["triton"].pool.live_helpers() == 0
 
     def exited() -> bool:
         try:
@@ -198,7 +198,7 @@ def test_helpers_finish_the_queue_then_retire_once_serving(session_factory):
     # kernel's library: the server's own thread compiles nothing.
     kernel = k.add_kernel[(1,)](x, x, x, 4096, BLOCK=256)
     assert kernel is not None
-    assert session.triton.pool.table.get(kernel.hash).result.builder in ("helper-0", "helper-urgent")
+    assert session.families["triton"].pool.table.get(kernel.hash).result.builder in ("helper-0", "helper-urgent")
 
 
 class PreloadingProvider(ScaleProvider):
@@ -248,7 +248,7 @@ def test_helpers_start_with_the_first_request_and_import_its_library_once(sessio
     assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
     (forkserver,) = [e["pid"] for e in events if e["event"] == "forkserver_ready"]
     assert marker.read_text().split() == [str(forkserver)]
-    assert "tests_absent_library" not in session.triton.pool.preloads
+    assert "tests_absent_library" not in session.families["triton"].pool.preloads
     helpers = [e for e in events if e["event"] == "helper_ready"]
     assert helpers and all(e["info"]["forked_from"] == forkserver for e in helpers)
 
@@ -259,11 +259,11 @@ def test_preload_from_the_environment_comes_before_the_first_build(tmp_path, mon
     events = []
     session.stats.subscribe(events.append)
     with session:  # no plan, no request: no process is started
-        assert not session.triton.pool.table.has_queued()
+        assert not session.families["triton"].pool.table.has_queued()
         x = torch.empty(64, device="meta")
         with capture() as plan:
             k.scale_kernel[(1,)](x, x, 64, 0.5, BLOCK=64)
-        (ticket,) = session.triton.submit(plan, Priority.BACKGROUND)
+        (ticket,) = session.families["triton"].submit(plan, Priority.BACKGROUND)
         assert ticket.wait(120) is State.DONE
     # The fork server imported them before it forked the helper.
     (event,) = [e for e in events if e["event"] == "forkserver_preloaded"]
@@ -323,7 +323,7 @@ def test_with_no_helpers_wait_ready_builds_what_is_queued_in_place_instead_of_wa
     assert session.wait_ready(timeout=300, priority=Priority.BACKGROUND)
     assert run.tickets and all(t.state is State.DONE for t in run.tickets)
     assert {t.result.builder for t in run.tickets} == {"executor"}  # built here, once each
-    assert session.triton.pool.helper_pids() == {}
+    assert session.families["triton"].pool.helper_pids() == {}
     assert not any(p.name().startswith("python") for p in psutil.Process().children(recursive=True)
                    if p.status() != psutil.STATUS_ZOMBIE and "jit_ahead_helpers" in " ".join(p.cmdline()))
 

@@ -67,7 +67,7 @@ def test_a_variant_whose_kernel_cannot_be_imported_is_one_line_and_the_rest_load
     from dataclasses import replace
 
     session, net, run = planned_and_built(session_factory)
-    executor = session.triton.executor
+    executor = session.families["triton"].executor
     (one, *rest) = executor.planned_requests()
     executor._planned[one.predicted_hash] = replace(one, module="tests.no_such_module")
     done = session.load_into_memory()["triton"]

@@ -26,9 +26,9 @@ def serve(session):
 
     session.mark_serving()
     deadline = time.monotonic() + 60
-    while session.triton.pool.live_helpers() and time.monotonic() < deadline:
+    while session.families["triton"].pool.live_helpers() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert session.triton.pool.live_helpers() == 0
+    assert session.families["triton"].pool.live_helpers() == 0
 
 
 def planned_session(monkeypatch, **env):
@@ -37,7 +37,7 @@ def planned_session(monkeypatch, **env):
     session = Session(triton={"workers": 1}).start()
     with capture() as plan:
         k.add_kernel[(1,)](X, X, X, 4096, BLOCK=64)
-    assert all(r.ok for r in wait_all(session.triton.submit(plan, Priority.WARMUP)))
+    assert all(r.ok for r in wait_all(session.families["triton"].submit(plan, Priority.WARMUP)))
     return session
 
 
@@ -123,7 +123,7 @@ def test_a_damaged_record_cannot_switch_the_guard_off(monkeypatch, tmp_path, cap
             f.write(json.dumps({**fmt.encode(RecordedVariant(good)), "spec": spec, "hash": "e" * 64}) + "\n")
     session = planned_session(monkeypatch, JIT_AHEAD_MODE="error", JIT_AHEAD_RECORD_DIR=str(tmp_path / "records"))
     try:
-        assert session.triton.wait_replay(120)
+        assert session.families["triton"].wait_replay(120)
         serve(session)
         with pytest.raises(JitAfterReadyError, match="constexpr BLOCK: (32|64) -> 256"):
             k.add_kernel[(1,)](X, X, X, 4096, BLOCK=256)
@@ -172,7 +172,7 @@ session = Session(triton={"workers": 2}).start()
 go = float(sys.argv[1])
 while time.time() < go:  # every server queues the same variants at the same moment
     time.sleep(0.005)
-wait_all(session.triton.submit(planned, Priority.BACKGROUND), timeout=600)
+wait_all(session.families["triton"].submit(planned, Priority.BACKGROUND), timeout=600)
 session.close()
 """
 

@@ -64,7 +64,7 @@ def test_a_second_start_reads_the_saved_plan_and_starts_no_process_when_all_is_b
         assert not [e for e in events if e["event"].endswith("_ready")]
         assert [e["event"] for e in events if e["event"].startswith("plan")] == ["plan_loaded"]
         # the plan is known to the executor: the guard and the report compare against it
-        assert len(second.triton.executor.planned_requests()) == sum(run.variants.values())
+        assert len(second.families["triton"].executor.planned_requests()) == sum(run.variants.values())
     finally:
         second.close()
 

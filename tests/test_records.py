@@ -42,7 +42,7 @@ from tests.kernels import basic as k
 
 session = jit_ahead.current()
 x = torch.empty(4096, device="meta", dtype=torch.float16)
-with session.triton.capture() as plan:  # what planning asks helpers to build for this launch
+with session.families["triton"].capture() as plan:  # what planning asks helpers to build for this launch
     k.stored_tuning_kernel[(4,)](x, x, 4096)
 planned = len(plan.requests)
 session.wait_ready(timeout=600, priority=jit_ahead.Priority.REPLAY)  # the replayed choices' variants are built
@@ -174,7 +174,7 @@ session = jit_ahead.current()
 session.mark_serving(tune_ahead=False)
 x = torch.empty(4096, device="meta", dtype=torch.float16)
 k.tuned_copy_kernel[(4,)](x, x, 4096)  # 'benchmarks' its three configs on the stand-in
-with session.triton.capture() as plan:
+with session.families["triton"].capture() as plan:
     k.tuned_copy_kernel[(4,)](x, x, 4096)
 timings = list(pathlib.Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.autotune.json"))
 print("RESULT", json.dumps({"planned": len(plan.requests), "timings_files": len(timings)}))
@@ -429,7 +429,7 @@ def test_recorded_choices_are_forgotten_when_their_session_closes(tmp_path, monk
     folder.add([autotune.TuningChoice("tests.kernels.basic", "k", "source", (1,), ("a", "b"), "a")])
     folder.close()
     session = session_factory(workers=0)
-    assert session.triton.wait_replay(60) and autotune.KNOWN
+    assert session.families["triton"].wait_replay(60) and autotune.KNOWN
     session.close()
     assert not autotune.KNOWN
 
@@ -441,7 +441,7 @@ def test_an_unusable_tuning_folder_is_one_line_naming_its_knob_and_autotuners_be
     blocked.write_text("a file where the folder should be")
     monkeypatch.setenv("JIT_AHEAD_TUNING_DIR", str(blocked / "tuning"))
     session = session_factory(workers=1)
-    assert session.triton.wait_replay(60)
+    assert session.families["triton"].wait_replay(60)
     lines = [r for r in caplog.records if "JIT_AHEAD_TUNING_DIR" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.ERROR and "cannot be used" in lines[0].getMessage()
     k.BENCHMARKED.clear()

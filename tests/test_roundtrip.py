@@ -25,7 +25,7 @@ def test_planning_compiles_nothing_and_dedups(triton_cache):
 def test_helpers_build_every_planned_variant_and_a_fresh_process_hits_disk(triton_cache, session_factory):
     planned = plan("basic")
     session = session_factory(workers=2)
-    results = wait_all(session.triton.submit(planned))
+    results = wait_all(session.families["triton"].submit(planned))
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     assert {r.builder for r in results} <= {"helper-0", "helper-1"}
     assert all(r.details["hash"] == r.key for r in results)  # landed where the launch will look
@@ -38,9 +38,9 @@ def test_helpers_build_every_planned_variant_and_a_fresh_process_hits_disk(trito
 def test_requests_already_on_disk_are_not_queued(triton_cache, session_factory):
     planned = plan("basic")
     session = session_factory(workers=1)
-    wait_all(session.triton.submit(planned))
+    wait_all(session.families["triton"].submit(planned))
     assert planned.missing() == []
-    assert session.triton.submit(planned) == []
+    assert session.families["triton"].submit(planned) == []
 
 
 def test_repeated_launches_in_a_capture_hit_its_private_cache_which_is_dropped_after():

@@ -14,7 +14,7 @@ def _roundtrip(names, triton_cache, session_factory):
         workload_launches(names)
     assert len(planned) > 0
     session = session_factory(workers=2)
-    results = wait_all(session.triton.submit(planned))
+    results = wait_all(session.families["triton"].submit(planned))
     # A helper fails a request whose built hash differs from the prediction, so ok means parity.
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     events = run_consumer(",".join(names), triton_cache)

@@ -151,7 +151,7 @@ def test_helpers_build_what_planning_captured_and_a_fresh_server_compiles_nothin
     session = tilelang_session(workers=1)
     try:
         requests = [plan_call(split_row_sums, 512, n) for n in (1, 2, 4, 8)] + [plan_call(scale_rows, 512)]
-        tickets = session.tilelang.submit(requests, Priority.WARMUP)
+        tickets = session.families["tilelang"].submit(requests, Priority.WARMUP)
         wait_settled(tickets)
         assert {t.result.builder for t in tickets} == {"helper-0"}
     finally:
@@ -174,7 +174,7 @@ def test_a_compile_in_flight_in_a_helper_is_waited_for_or_built_once_never_twice
     session.stats.subscribe(events.append)
     try:
         request = plan_call(split_row_sums, 384, 3)
-        session.tilelang.submit([request], Priority.BACKGROUND)
+        session.families["tilelang"].submit([request], Priority.BACKGROUND)
         kernel = split_row_sums(384, 3)  # at once: queued or building in the helper
         assert kernel is not None
         misses = [e for e in events if e["event"] == "executor_miss"]
@@ -213,7 +213,7 @@ def test_compiles_recorded_in_one_run_are_built_by_helpers_at_the_next_start_on_
     monkeypatch.setenv("JIT_AHEAD_RECORD_DIR", str(tmp_path / "records"))
     session = tilelang_session(workers=0)
     try:
-        assert session.tilelang.wait_replay(60)
+        assert session.families["tilelang"].wait_replay(60)
         split_row_sums(192, 2)
         split_row_sums(192, 3)
         first = entries()
@@ -226,7 +226,7 @@ def test_compiles_recorded_in_one_run_are_built_by_helpers_at_the_next_start_on_
     events = []
     session.stats.subscribe(events.append)
     try:
-        assert session.tilelang.wait_replay(60)
+        assert session.families["tilelang"].wait_replay(60)
         assert session.wait_ready(timeout=300, priority=Priority.REPLAY)
         assert entries() == first
         split_row_sums(192, 2)
@@ -240,11 +240,11 @@ def test_a_helper_killed_mid_build_leaves_no_entry_and_the_request_is_built_agai
     session = tilelang_session(workers=1)
     try:
         request = plan_call(split_row_sums, 640, 5)
-        (ticket,) = session.tilelang.submit([request], Priority.WARMUP)
+        (ticket,) = session.families["tilelang"].submit([request], Priority.WARMUP)
         deadline = time.monotonic() + 120
         victim = None
         while victim is None and time.monotonic() < deadline:  # the helper once it runs nvcc for this build
-            for pid in session.tilelang.pool.helper_pids().values():
+            for pid in session.families["tilelang"].pool.helper_pids().values():
                 if any("nvcc" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True)):
                     victim = pid
             time.sleep(0.01)
@@ -267,7 +267,7 @@ def test_a_request_this_tilelang_keys_otherwise_is_refused_with_one_line_and_not
 
 def test_jit_ahead_1_with_the_tilelang_family_starts_it_when_tilelang_is_imported():
     code = ("import json, sys, tilelang, jit_ahead; s = jit_ahead.current(); "
-            "print(json.dumps([sorted(s.families), s.tilelang.pool.workers]))")
+            "print(json.dumps([sorted(s.families), s.families["tilelang"].pool.workers]))")
     env = without_jit_ahead(os.environ)
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=300,
                          env={**env, "JIT_AHEAD": "1", "JIT_AHEAD_FAMILIES": "tilelang", "JIT_AHEAD_TILELANG_WORKERS": "1"})
@@ -356,7 +356,7 @@ def test_a_third_party_tilelang_kernel_is_planned_built_by_a_helper_and_loaded_w
         request = plan_call(cumsum._chunk_local_cumsum_rect_kernel_tl, 4, 64, 64, 16, "bfloat16",
                             1.4426950408889634, True)
         assert request.module == cumsum.__name__ and '"arch":"sm_90a"' in request.target
-        wait_settled(session.tilelang.submit([request], Priority.WARMUP))
+        wait_settled(session.families["tilelang"].submit([request], Priority.WARMUP))
     finally:
         session.close()
     out = subprocess.run([sys.executable, "-c", THIRD_PARTY_SERVER], cwd=REPO, capture_output=True, text=True,
@@ -443,7 +443,7 @@ def test_a_damaged_entry_is_one_line_removed_and_built_again_by_a_helper(fault, 
     caplog.set_level(logging.WARNING, logger="jit_ahead.tilelang")
     session = tilelang_session(workers=1)
     try:
-        tickets = session.tilelang.submit([request], Priority.WARMUP)
+        tickets = session.families["tilelang"].submit([request], Priority.WARMUP)
         assert len(tickets) == 1
         wait_settled(tickets)
         assert tickets[0].result.builder == "helper-0"

@@ -125,7 +125,7 @@ def test_tune_ahead_runs_the_autotuners_own_benchmark_on_builds_helpers_made(ses
     session.stats.subscribe(events.append)
     n = 7101  # a tuning key no other test chose a config for
     plan_ = planned_stored_tuning(n)
-    wait_all(session.triton.submit(plan_, Priority.WARMUP))
+    wait_all(session.families["triton"].submit(plan_, Priority.WARMUP))
     before = len(k.BENCHMARKED)
     result = tune(plan_.tuning_tasks, torch.device("meta"), budget_bytes=1 << 20)
     assert [t.key for t in result.tuned] == [(n, "torch.float32", "torch.float32")] and not result.left
@@ -261,7 +261,7 @@ def test_planner_processes_hand_their_tuning_tasks_to_the_session(session_factor
     session = session_factory(workers=0)
     run = session.plan_model(model, limits, [FlaGatedDeltaNetProvider()])
     assert run.wait(600) and not run.errors
-    assert {t.identity for t in session.triton.tuning_tasks} == here
+    assert {t.identity for t in session.families["triton"].tuning_tasks} == here
     # no GPU in this process: nothing is tuned, and the summary says why
     (summary,) = session.tune_ahead().values()
     assert summary["tuned_ahead"] == 0 and summary["left_why"] == {"no GPU in this process": len(here)}
@@ -278,14 +278,14 @@ def test_tasks_are_saved_with_the_plan_and_read_back_by_the_next_start(session_f
     first = session_factory(workers=0)
     run = first.plan_model(model, limits, [FlaGatedDeltaNetProvider()])
     assert run.wait(600) and not run.read_saved and run.saved_plan
-    planned = first.triton.tuning_tasks
+    planned = first.families["triton"].tuning_tasks
     assert planned
     for task in planned:  # JSON and back: the same task
         assert decode_task(json.loads(json.dumps(encode_task(task)))) == task
     second = session_factory(workers=0)
     again = second.plan_model(model, limits, [FlaGatedDeltaNetProvider()])
     assert again.wait(600) and again.read_saved
-    assert second.triton.tuning_tasks == planned
+    assert second.families["triton"].tuning_tasks == planned
 
 
 def test_a_saved_task_that_is_not_one_makes_the_plan_unusable_not_the_start(session_factory, caplog):
@@ -336,9 +336,9 @@ def test_the_stats_log_and_the_report_show_what_tune_ahead_did(monkeypatch, tmp_
         plan_ = planned_stored_tuning(7407)
         with capture() as reads:
             k.width_tuned_kernel[(1,)](torch.empty(64, dtype=torch.int32, device="meta"), 64, 5)
-        wait_all(session.triton.submit(plan_, Priority.WARMUP))
-        session.triton.note_tuning(plan_.tuning_tasks + reads.tuning_tasks, Priority.WARMUP)
-        summary = session.triton.tune_ahead(device=torch.device("meta"))
+        wait_all(session.families["triton"].submit(plan_, Priority.WARMUP))
+        session.families["triton"].note_tuning(plan_.tuning_tasks + reads.tuning_tasks, Priority.WARMUP)
+        summary = session.families["triton"].tune_ahead(device=torch.device("meta"))
         session.mark_serving(tune_ahead=False)
         n = 7409  # a key nobody planned, met after serving started: its autotuner benchmarks it there
         k.stored_tuning_kernel[(1,)](torch.empty(n, device="meta"), torch.empty(n, device="meta"), n)
@@ -363,7 +363,7 @@ def test_the_stats_log_and_the_report_show_what_tune_ahead_did(monkeypatch, tmp_
 def test_mark_serving_tunes_ahead_unless_the_knob_or_the_caller_says_not(session_factory, monkeypatch, caplog):
     session = session_factory(workers=0)
     calls = []
-    monkeypatch.setattr(session.triton, "tune_ahead", lambda budget=None: calls.append(budget) or {})
+    monkeypatch.setattr(session.families["triton"], "tune_ahead", lambda budget=None: calls.append(budget) or {})
     monkeypatch.setenv("JIT_AHEAD_TUNE_AHEAD", "0")
     session.mark_serving()
     assert calls == [] and session.phase == "serving"

@@ -122,7 +122,7 @@ session = jit_ahead.current()
 x = torch.empty(4096, device="meta", dtype=torch.float16)
 with capture() as planned:  # a variant planned and built by a helper, never launched in this process
     basic.add_kernel[(4,)](x, x, x, 4096, BLOCK=256)
-session.triton.submit(planned, Priority.WARMUP)
+session.families["triton"].submit(planned, Priority.WARMUP)
 assert session.wait_ready(300)
 basic.add_kernel[(4,)](x, x, x, 4096, BLOCK=1024)  # warmup: a compile the monitor does not see
 phase_before = session.stats.phase
@@ -185,7 +185,7 @@ session = jit_ahead.current()
 run = session.plan_model(model, EngineLimits(max_num_tokens=LIMIT, max_batch_size=256, max_seq_len=32768),
                          providers=worker.providers())
 assert session.wait_ready(600, priority=Priority.WARMUP)
-planned = {{r.predicted_hash: r for r in session.triton.executor.planned_requests()}}
+planned = {{r.predicted_hash: r for r in session.families["triton"].executor.planned_requests()}}
 warm = [t for t in run.tickets if t.priority == Priority.WARMUP]
 vllm_meta_ops.install()
 rng = random.Random({seed})
@@ -275,7 +275,7 @@ session = jit_ahead.current()
 assert session.wait_planned(300, priority=None)
 print("WORKER " + json.dumps([type(model).__name__, sorted({{e["provider"] for e in planned}}),
                               sum(e["launches"] for e in planned), sorted({{k for e in planned for k in e["kernels"]}}),
-                              len(session.triton.executor.planned_requests())]))
+                              len(session.families["triton"].executor.planned_requests())]))
 jit_ahead.stop()
 """
     proc = run_vllm(code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0")

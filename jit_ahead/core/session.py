@@ -57,12 +57,6 @@ class Session:
         self._ready_lock = threading.Lock()
         self._ready_said = False
 
-    def __getattr__(self, name: str):
-        families = self.__dict__.get("families", {})
-        if name in families:
-            return families[name]
-        raise AttributeError(name)
-
     @property
     def phase(self) -> str:
         return self.stats.phase

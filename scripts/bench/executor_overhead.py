@@ -133,7 +133,7 @@ def main() -> int:
     for steps in (12, 13, 14):  # a few seconds of compile each
         with capture() as planned:
             bk.unrolled_kernel[(1,)](x, 1024, STEPS=steps, BLOCK=1024)
-        (ticket,) = session.triton.submit(planned, Priority.BACKGROUND)
+        (ticket,) = session.families["triton"].submit(planned, Priority.BACKGROUND)
         while ticket.state.value == "queued":
             time.sleep(0.001)
         bk.unrolled_kernel[(1,)](x, 1024, STEPS=steps, BLOCK=1024)

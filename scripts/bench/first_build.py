@@ -61,7 +61,7 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
     helper_builds = [e["time"] for e in events if e["event"] == "build_finish" and e.get("helper") != "executor"]
     rel = (lambda t: None if t is None or queued is None else round(t - queued, 3))
     return {"model": model, "limits": list(limits), "mode": os.environ.get("JIT_AHEAD_HELPER_START", "server"),
-            "planners": os.environ.get("JIT_AHEAD_PLANNERS"), "helpers": session.triton.pool.workers,
+            "planners": os.environ.get("JIT_AHEAD_PLANNERS"), "helpers": session.families["triton"].pool.workers,
             "process_to_session_s": round(t_session - t_start, 3),
             "first_queued_after_session_s": None if queued is None else round(queued - t_session, 3),
             "forkserver_ready_s": rel(first("forkserver_ready")),

@@ -143,7 +143,7 @@ def child(arm: str, seed: int) -> dict:
         result.update(planning_thread_cpu_s=None if planning_cpu is None or planning_cpu0 is None
                       else round(planning_cpu - planning_cpu0, 3),
                       planning_done=run.done, planned=sum(run.variants.values()),
-                      pending=session.triton.table.pending())
+                      pending=session.families["triton"].table.pending())
         session.close(grace=0.5)
     return result
 

@@ -81,10 +81,10 @@ def main() -> int:
 
     model = torch.nn.Sequential(*(Qwen3RMSNorm(h) for h in HIDDEN)).to("meta")
     limits = EngineLimits(max_num_tokens=4096, max_batch_size=64, cuda_graph_batch_sizes=(1, 8))
-    with session.cute.capture() as plan:
+    with session.families["cute"].capture() as plan:
         cute_add.compile_add("Float16")
         cute_add.compile_add_tvm_ffi("Float16")
-    tickets = session.cute.submit(plan, Priority.WARMUP)
+    tickets = session.families["cute"].submit(plan, Priority.WARMUP)
     run = session.plan_model(model, limits, providers=[QuackRMSNormProvider()])
     ready = session.wait_ready(600)
     result["planning"] = {"ready": ready, "ready_s": round(time.perf_counter() - t0, 2),

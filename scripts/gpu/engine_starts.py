@@ -495,9 +495,9 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     if serving_profile is not None:
         result["serving_profile"] = serving_profile
     if session is not None and arm != "busy-jit":  # what was still building when the mix was served
-        result["builds_pending_at_end"] = session.triton.table.pending()
+        result["builds_pending_at_end"] = session.families["triton"].table.pending()
     if arm == "busy-jit":  # was the background work still going when serving ended?
-        result.update(busy_planning_done=run.done, busy_builds_pending=session.triton.table.pending(),
+        result.update(busy_planning_done=run.done, busy_builds_pending=session.families["triton"].table.pending(),
                       busy_planned=sum(run.variants.values()))
     if session is not None:  # what the launches waited for, and what was built for them after ready
         waits = [e for e in events if e["event"] == "wait"]
@@ -529,7 +529,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
                       helper_processes=started is not None, planning_errors=run.errors[:5],
                       first_build_after_first_queued_s=None if not helper_builds or first_queued is None
                       else round(helper_builds[0] - first_queued, 3),
-                      helpers=session.triton.pool.workers)
+                      helpers=session.families["triton"].pool.workers)
         session.close()
     return result
 

@@ -69,10 +69,10 @@ def plan_and_build(workers: int | None) -> dict:
     options = {} if workers is None else {"workers": workers}
     t0 = time.perf_counter()
     with Session(triton=options) as session:
-        tickets = session.triton.submit(planned)
+        tickets = session.families["triton"].submit(planned)
         for ticket in tickets:
             ticket.wait(None)
-        helpers = session.triton.pool.workers
+        helpers = session.families["triton"].pool.workers
     wall = time.perf_counter() - t0
     results = [t.result for t in tickets]
     return {"workloads": [w.name for w in workloads], "variants": len(planned), "plan_s": plan_s,

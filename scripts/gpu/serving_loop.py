@@ -146,7 +146,7 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
         tickets = run.tickets
         result.update(planned_variants=sum(run.variants.values()), planning_s=run.seconds,
                       queued=len(tickets), built=sum(1 for t in tickets if t.result and t.result.ok),
-                      helpers=session.triton.pool.workers, planning_errors=run.errors,
+                      helpers=session.families["triton"].pool.workers, planning_errors=run.errors,
                       milestones=_milestones(timeline))
         session.close()
     return result
