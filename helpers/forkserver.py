@@ -22,7 +22,7 @@ import time
 import traceback
 
 from jit_ahead.core import processes
-from jit_ahead.core.protocol import (Configure, Exited, Fork, Forked, Preload, Ready, Shutdown, read_message,
+from jit_ahead.core.building.protocol import (Configure, Exited, Fork, Forked, Preload, Ready, Shutdown, read_message,
                                      write_message)
 from jit_ahead_helpers import worker
 
@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
 
 def serve(fd: int, forked_from_server: bool = False) -> int:
     """The fork server's loop on control socket ``fd``; ``forked_from_server``: this process is a fork of
-    the server (jit_ahead.core.forkserver), which already has the builder and the libraries imported."""
+    the server (jit_ahead.core.building.forkserver), which already has the builder and the libraries imported."""
     worker.set_up_logging(force=forked_from_server)
     # An import can keep the loop below from checking its parent for seconds: the kernel ends the fork
     # server when the pool's spawner thread (or the whole server) ends, and its helpers with it.

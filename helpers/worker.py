@@ -16,8 +16,8 @@ import time
 import traceback
 
 from jit_ahead.core import device_view, processes
-from jit_ahead.core.helper_env import SINGLE_THREADED, is_scrubbed
-from jit_ahead.core.protocol import (Configure, Job, JobDone, JobTaken, Preload, PreloadDone, Ready, Shutdown, read_message,
+from jit_ahead.core.building.helper_env import SINGLE_THREADED, is_scrubbed
+from jit_ahead.core.building.protocol import (Configure, Job, JobDone, JobTaken, Preload, PreloadDone, Ready, Shutdown, read_message,
                                      write_message)
 from jit_ahead.core.requests import BuildResult
 

@@ -3,11 +3,14 @@
 Names are resolved lazily, so that the start-up hook (``jit_ahead.pth`` -> ``jit_ahead.autostart``)
 imports nothing but itself in processes that never use Triton."""
 
-__version__ = "0.1.0"
 __all__ = ["Priority", "Session", "current", "start", "stop", "__version__"]
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # kept with the core, whose saved plans are keyed by it
+        from .core import __version__
+
+        return __version__
     if name == "Priority":
         from .core.priority import Priority
 
@@ -17,7 +20,7 @@ def __getattr__(name: str):
 
         return getattr(autostart, name)
     if name in ("Session", "stop"):
-        from .core import session
+        from . import session
 
         return getattr(session, name)
     raise AttributeError(f"module 'jit_ahead' has no attribute {name!r}")

@@ -144,8 +144,8 @@ def _defer(infos) -> None:
     import atexit
 
     from .core import knobs
-    from .core.user_lines import family_helpers, on_line, tell_user
-    from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
+    from .core.observing.user_lines import family_helpers, on_line, tell_user
+    from .core.observing.stats_log import KNOB as STATS_KNOB, stats_log_path
     from .registry import workers_knob
 
     warmup_s = knobs.env_seconds("JIT_AHEAD_WARMUP_S", 300.0)
@@ -168,18 +168,18 @@ def _defer(infos) -> None:
 
 def _summary_if_never_started() -> None:
     """At exit, in a process that never compiled: the summary line (and the stats log's one event)."""
-    session = sys.modules.get("jit_ahead.core.session")
+    session = sys.modules.get("jit_ahead.session")
     if _deferred is None or (session is not None and session.current() is not None):
         return  # started (by a compile, or by an engine's own jit_ahead.start()): its summary is said
     try:
-        from .core.user_lines import tell_user
-        from .core.stats_log import KNOB as STATS_KNOB, stats_log_path
+        from .core.observing.user_lines import tell_user
+        from .core.observing.stats_log import KNOB as STATS_KNOB, stats_log_path
 
         counts = {"planned": 0, "session": "not started (no compile in this process)"}
         if stats_log_path(os.environ.get(STATS_KNOB)) is not None:
-            from .core import events
-            from .core.stats import Stats
-            from .core.stats_log import open_stats_log
+            from .core.observing import events
+            from .core.observing.stats import Stats
+            from .core.observing.stats_log import open_stats_log
 
             stats = Stats()
             sink = open_stats_log(stats)
@@ -197,7 +197,7 @@ def current():
     to use it (an engine marking serving, planning a model)."""
     if _deferred is not None:
         return start_session()
-    from .core.session import current as session_current
+    from .session import current as session_current
 
     return session_current()
 
@@ -207,11 +207,11 @@ _starting = False  # a session is being made: a trigger its families import must
 
 
 def start(families=("triton",), **options):
-    """``jit_ahead.start()``: the process's session (``core.session.start``); in a ``JIT_AHEAD=1`` process
+    """``jit_ahead.start()``: the process's session (``session.start``); in a ``JIT_AHEAD=1`` process
     whose session was put off until the first compile, that session, started now."""
     if _deferred is not None:
         start_session()
-    from .core.session import start as session_start
+    from .session import start as session_start
 
     return session_start(families, **options)
 
@@ -240,14 +240,15 @@ def _start_session():
         for disarm in deferred.disarms:
             disarm()
     try:
+        from . import registry
         from .core import knobs
-        from .core.own_cpu import OwnTimer
-        from .core.session import current, start
-        from .core.user_lines import on_line, tell_user
+        from .core.observing.own_cpu import OwnTimer
+        from .session import current, start
+        from .core.observing.user_lines import on_line, tell_user
 
         if current() is not None:
             return current()
-        session = start(knobs.families(), skip_unavailable=True, announce=True)
+        session = start(registry.families_to_start(os.environ), skip_unavailable=True, announce=True)
         if deferred is not None and not deferred.said:
             deferred = None  # arming failed before the line: it is said here, and serving counts from now
         if deferred is not None:  # the line was said at the trigger import: serving counts from there

@@ -14,7 +14,7 @@ MODELS = ("qwen3-liger", "gated-deltanet", "qwen35-hybrid")
 
 
 def _limits(args: argparse.Namespace):
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
 
     graphs = tuple(b for b in (1, 2, 4, 8) if b <= args.max_batch_size)
     return EngineLimits(max_num_tokens=args.max_num_tokens, max_batch_size=args.max_batch_size,
@@ -57,7 +57,7 @@ def _demo(args: argparse.Namespace) -> int:
     from triton import knobs
 
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from jit_ahead.progress import BuildProgress, LibraryNotes
     from jit_ahead.triton.standin import ensure_driver, real_driver_available
 

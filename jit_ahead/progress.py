@@ -16,8 +16,8 @@ import warnings
 from collections import Counter
 from typing import TextIO
 
-from .core.table import RequestTable
-from .core.own_cpu import OwnThread
+from .core.building.table import RequestTable
+from .core.observing.own_cpu import OwnThread
 
 
 def _eta(seconds: float | None) -> str:

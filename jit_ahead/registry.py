@@ -137,6 +137,20 @@ def requested(environ) -> list:
     return [n.strip().lower() for n in environ.get("JIT_AHEAD_FAMILIES", "triton").split(",") if n.strip()]
 
 
+def families_to_start(environ) -> tuple:
+    """JIT_AHEAD_FAMILIES: the families a ``JIT_AHEAD=1`` session starts (default ``triton``;
+    ``triton,cute`` adds the CuTe DSL family, which needs ``jit_ahead[cute-dsl]``; a package's own family
+    by the name it registers). Unknown names are dropped with one line."""
+    names = requested(environ)
+    unknown = [n for n in names if family_info(n) is None]
+    if unknown:
+        import logging
+
+        logging.getLogger("jit_ahead.knobs").error("JIT_AHEAD_FAMILIES: unknown %s (known: %s); ignored",
+                                                   ", ".join(unknown), ", ".join(sorted(known_families())))
+    return tuple(dict.fromkeys(n for n in names if n not in unknown)) or ("triton",)
+
+
 def triggers(names) -> tuple:
     """The modules whose import starts a session with the families ``names`` (unknown names skipped)."""
     found = []

@@ -79,8 +79,8 @@ def read_events(path: Path) -> tuple[list[dict], int]:
 
 def analyse(records: list[dict], bad_lines: int = 0) -> Coverage:
     """The coverage of a stats log's events (``read_events``), read as the typed events of
-    ``core/events.py``; objects that are no declared event (another version's) are passed over."""
-    from .core import events as ev
+    ``core/observing/events.py``; objects that are no declared event (another version's) are passed over."""
+    from .core.observing import events as ev
     from .triton.variant_diff import nearest
 
     t0 = records[0]["time"] if records else 0.0
@@ -196,7 +196,7 @@ def _is_number(value) -> bool:
 
 def _planned_by(typed: list, rows: dict[str, KernelRow]) -> None:
     """Each kernel's planners, from the ``planned`` events (they name kernels without their module)."""
-    from .core.events import Planned
+    from .core.observing.events import Planned
 
     short: dict[str, list[str]] = defaultdict(list)
     for name in rows:
@@ -245,7 +245,7 @@ def _cells(name: str, row: KernelRow) -> list[str]:
 
 
 def text(coverage: Coverage) -> str:
-    from .core.pool import LONG_WAIT_S
+    from .core.building.pool import LONG_WAIT_S
 
     table = [list(HEADER)] + [_cells(name, row) for name, row in coverage.kernels.items()]
     widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]

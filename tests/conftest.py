@@ -10,7 +10,7 @@ import pytest
 from . import scenarios  # noqa: F401  (imports fla before any stand-in driver exists)
 from .kernels import basic
 
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from jit_ahead.triton.standin import ensure_driver
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ def main(mode: str) -> int:
     ensure_driver()
     import jit_ahead
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
 
     if mode == "plain":
         demo_models.fla_gated_deltanet()

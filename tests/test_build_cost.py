@@ -1,5 +1,5 @@
 """The choice a launch makes on a miss, from measured build times: wait for a helper or build in place."""
-from jit_ahead.core.build_cost import BuildCost, HelperLoad
+from jit_ahead.core.building.build_cost import BuildCost, HelperLoad
 
 
 def test_with_no_measurement_a_free_helper_is_waited_for_and_no_helper_means_building_here():

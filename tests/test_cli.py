@@ -89,7 +89,7 @@ def test_build_progress_prints_counts_and_an_eta_in_plain_lines_and_as_a_bar():
 
     from jit_ahead.core.priority import Priority
     from jit_ahead.core.requests import BuildResult
-    from jit_ahead.core.table import RequestTable
+    from jit_ahead.core.building.table import RequestTable
     from jit_ahead.progress import BuildProgress
 
     for bar in (False, True):

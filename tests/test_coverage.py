@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
 from jit_ahead.providers.liger import LigerProvider
 from jit_ahead.triton import capture

@@ -7,10 +7,10 @@ import subprocess
 import sys
 import textwrap
 
-from jit_ahead.core.pool import FamilySpec, HelperPool
+from jit_ahead.core.building.pool import FamilySpec, HelperPool
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.stats import Stats
-from jit_ahead.core.table import State
+from jit_ahead.core.observing.stats import Stats
+from jit_ahead.core.building.table import State
 from jit_ahead.cute.build import build_into, make_request, object_path
 from jit_ahead.cute.request import StreamSpec, TensorSpec
 
@@ -163,7 +163,7 @@ SERVER = """
     import inspect, json, logging
     import cutlass.cute as cute
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from jit_ahead.cute import hook
     from tests.kernels import cute_add
 
@@ -247,7 +247,7 @@ RECORDED = """
     import cutlass
     import quack.rmsnorm  # imported before the session: the family gates its compile functions to record them
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from tests.kernels import cute_add
 
     events = []
@@ -287,8 +287,8 @@ def test_recorded_calls_are_replayed_to_helpers_on_the_next_start_and_nothing_co
 
 GUARDED = """
     import json
-    from jit_ahead.core.executor import JitAfterReadyError
-    from jit_ahead.core.session import Session
+    from jit_ahead.core.building.executor import JitAfterReadyError
+    from jit_ahead.session import Session
     from tests.kernels import cute_add
 
     session = Session(families=("cute",), cute={"workers": 0})
@@ -318,7 +318,7 @@ def test_after_serving_starts_a_cute_compile_in_the_server_is_refused_in_error_m
 def test_a_closed_cute_session_puts_the_dsls_own_compile_back():
     from cutlass.base_dsl.compiler import CompileCallable
 
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
 
     own = CompileCallable._compile
     session = Session(families=("cute",), cute={"workers": 0}).start()

@@ -230,7 +230,7 @@ def test_a_rebuild_killed_midway_leaves_no_entry_and_the_next_one_builds_it(tmp_
 
 def test_a_kernel_deep_gemm_compiled_is_recorded_and_rebuilt_by_a_helper_at_the_next_start(tmp_path, monkeypatch):
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
 
     record, include = make_record(tmp_path)
     records = tmp_path / "records"
@@ -264,7 +264,7 @@ def test_a_kernel_deep_gemm_compiled_is_recorded_and_rebuilt_by_a_helper_at_the_
 
 
 def test_where_deep_gemm_kernels_cannot_be_rebuilt_the_family_is_left_out_with_one_line(tmp_path, monkeypatch, caplog):
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
 
     monkeypatch.setenv("JIT_AHEAD_DEEP_GEMM_INCLUDE", str(tmp_path / "nowhere"))
     session = Session(families=("deep_gemm",), skip_unavailable=True)

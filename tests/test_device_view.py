@@ -5,9 +5,9 @@ import torch
 
 from . import workloads as examples
 from jit_ahead.core import device_view
-from jit_ahead.core.pool import HelperPool
+from jit_ahead.core.building.pool import HelperPool
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.stats import Stats
+from jit_ahead.core.observing.stats import Stats
 from jit_ahead.triton import capture
 from jit_ahead.triton.family import SPEC
 

@@ -1,10 +1,10 @@
-"""Stats events are declared once (core/events.py): what a log line says is read back into its class."""
+"""Stats events are declared once (core/observing/events.py): what a log line says is read back into its class."""
 import json
 
 import pytest
 
-from jit_ahead.core import events
-from jit_ahead.core.stats import Stats
+from jit_ahead.core.observing import events
+from jit_ahead.core.observing.stats import Stats
 
 
 def test_an_emitted_event_is_stamped_and_read_back_as_itself():

@@ -9,7 +9,7 @@ import torch
 from triton import knobs
 
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.table import State
+from jit_ahead.core.building.table import State
 from jit_ahead.triton import capture
 
 from .kernels import basic as k
@@ -215,7 +215,7 @@ def test_a_hook_installed_before_ours_is_chained_and_its_veto_respected(session_
 
 HOLD_THE_LOCK = """
 import sys, time
-from jit_ahead.core.build_lock import variant_lock
+from jit_ahead.core.building.build_lock import variant_lock
 with variant_lock(sys.argv[1], "held by the test", timeout=30) as held:
     print("HELD" if held else "NOT HELD", flush=True)
     time.sleep(600)
@@ -545,7 +545,7 @@ def test_a_damaged_planned_entry_is_no_planning_gap_and_planning_again_rebuilds_
     # refused) as "not planned"; planning the same variants again took the damaged entry for a built one.
     import os
 
-    from jit_ahead.core.executor import JitAfterReadyError
+    from jit_ahead.core.building.executor import JitAfterReadyError
     from jit_ahead.triton import cache_check
 
     caplog.set_level(logging.WARNING, logger="jit_ahead")

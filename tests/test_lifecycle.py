@@ -7,10 +7,10 @@ import psutil
 import pytest
 import torch
 
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.session import Session
-from jit_ahead.core.table import State
+from jit_ahead.session import Session
+from jit_ahead.core.building.table import State
 from jit_ahead.providers import PlannedLaunch
 from jit_ahead.triton import capture
 
@@ -108,7 +108,7 @@ def test_without_wait_ready_the_ready_line_comes_when_serving_starts(session_fac
 
 @pytest.mark.parametrize("value", ["sometimes", "0"])
 def test_a_bad_ready_rule_gets_one_line_and_the_default(monkeypatch, caplog, value):
-    from jit_ahead.core.readiness import DEFAULT_READY_RULE, ReadyRule
+    from jit_ahead.core.planning.readiness import DEFAULT_READY_RULE, ReadyRule
 
     monkeypatch.setenv("JIT_AHEAD_READY", value)
     assert ReadyRule.from_knob() == ReadyRule.named(DEFAULT_READY_RULE)
@@ -406,7 +406,7 @@ def test_a_hook_put_over_ours_that_chains_ours_neither_loops_nor_loses_ours_in_t
 
 STAND_IN_OUTLIVES_NO_SESSION = """
 import torch, triton
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from jit_ahead.triton import capture
 from tests.kernels import basic as k
 

@@ -6,7 +6,7 @@ import random
 import torch
 from triton import knobs
 
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 
 from .kernels import basic as k

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers import meta_shortcuts
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
 from jit_ahead.triton import capture

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers.device_gates import meta_stands_for_the_gpu
 
 from . import any_models

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers.base import Claims
 from jit_ahead.providers.builtin import builtin_providers
 from jit_ahead.providers.device_gates import meta_stands_for_the_gpu

@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-from jit_ahead.core.executor import JitAfterReadyError
+from jit_ahead.core.building.executor import JitAfterReadyError
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.session import Session
-from jit_ahead.core.stats_log import stats_log_path
+from jit_ahead.session import Session
+from jit_ahead.core.observing.stats_log import stats_log_path
 from jit_ahead.triton import capture
 from jit_ahead.triton.variant_diff import differences
 
@@ -159,7 +159,7 @@ from jit_ahead.triton.standin import ensure_driver
 ensure_driver()
 import torch
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from jit_ahead.triton import capture
 from tests.conftest import wait_all
 from tests.kernels import basic as k

@@ -5,8 +5,8 @@ import os
 import threading
 import time
 
-from jit_ahead.core import own_cpu
-from jit_ahead.core.own_cpu import OwnThread, spent
+from jit_ahead.core.observing import own_cpu
+from jit_ahead.core.observing.own_cpu import OwnThread, spent
 
 from .test_observability import run_with_stats_log
 

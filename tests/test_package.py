@@ -9,7 +9,7 @@ from .conftest import REPO
 
 
 def test_the_core_never_imports_triton():
-    code = ("import sys, jit_ahead, jit_ahead.core.pool, jit_ahead.core.executor, jit_ahead.core.session, "
+    code = ("import sys, jit_ahead, jit_ahead.core.building.pool, jit_ahead.core.building.executor, jit_ahead.session, "
             "jit_ahead.core.device_view, jit_ahead_helpers.worker; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")

@@ -9,10 +9,10 @@ import psutil
 import pytest
 import torch
 
-from jit_ahead.core import plan_cache
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning import plan_cache
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 
 from .layers import LoggedProvider, ScaleLayer, ScaleProvider, model
 
@@ -257,7 +257,7 @@ STOPPED_PLANNER = """
 import sys, time
 from jit_ahead.triton.standin import ensure_driver
 ensure_driver()  # the device the test process plans for: the same plan key
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from tests.layers import LoggedProvider, model
 from tests.test_plan_cache import LIMITS
 session = Session(triton={"workers": 0}).start()
@@ -400,7 +400,7 @@ def test_a_partial_plan_that_cannot_be_written_is_said_once_and_planning_ends_wh
     # The partial file's place is taken by a folder (as a read-only or full disk would refuse the file,
     # also for root): each save fails; planning goes on, says so once, and saves the whole plan.
     caplog.set_level(logging.WARNING, logger="jit_ahead")
-    monkeypatch.setattr("jit_ahead.core.planning.PARTIAL_EVERY_S", 0.0)  # a save after every group's step
+    monkeypatch.setattr("jit_ahead.core.planning.run.PARTIAL_EVERY_S", 0.0)  # a save after every group's step
     session = start(workers=0)
     try:
         whole = plan(session, model(), provider=LoggedProvider(tmp_path / "first.log"))

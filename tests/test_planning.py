@@ -9,8 +9,9 @@ import time
 
 import psutil
 
-from jit_ahead.core import planners
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning import chunks as launch_chunks
+from jit_ahead.core.planning import planners
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core import knobs
 from jit_ahead.core.priority import Priority
 from jit_ahead.providers import PlannedLaunch
@@ -333,15 +334,15 @@ def _alive_or_unreaped(proc: psutil.Process) -> bool:
 
 
 def test_a_launch_list_is_cut_into_chunks_of_one_group_covering_every_launch_once():
-    groups = [planners.LaunchGroup(Priority.WARMUP, "triton", list(range(5))),
-              planners.LaunchGroup(Priority.BACKGROUND, "triton", list(range(7000)))]
+    groups = [launch_chunks.LaunchGroup(Priority.WARMUP, "triton", list(range(5))),
+              launch_chunks.LaunchGroup(Priority.BACKGROUND, "triton", list(range(7000)))]
     for count in (1, 3, 15):
-        chunks = planners.chunks_from(groups, planners.Position(0, 0), count)
+        chunks = launch_chunks.chunks_from(groups, launch_chunks.Position(0, 0), count)
         every = [(c.group, j) for c in chunks for j in range(c.first, c.last)]
         assert every == [(0, j) for j in range(5)] + [(1, j) for j in range(7000)]
-        assert all(0 < c.last - c.first <= planners.MAX_CHUNK for c in chunks)
-        assert len(chunks) >= min(7005, count * planners.CHUNKS_PER_PLANNER)
-    resumed = planners.chunks_from(groups, planners.Position(1, 6990), 2)
+        assert all(0 < c.last - c.first <= launch_chunks.MAX_CHUNK for c in chunks)
+        assert len(chunks) >= min(7005, count * launch_chunks.CHUNKS_PER_PLANNER)
+    resumed = launch_chunks.chunks_from(groups, launch_chunks.Position(1, 6990), 2)
     assert [(c.group, j) for c in resumed for j in range(c.first, c.last)] == [(1, j) for j in range(6990, 7000)]
 
 
@@ -378,7 +379,7 @@ import sys
 from jit_ahead.triton.standin import ensure_driver
 ensure_driver()
 import jit_ahead
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from tests.layers import model
 session = jit_ahead.start(triton={"workers": 0})
 run = session.plan_model(model(), EngineLimits(16, 2, 16))  # every built-in provider looks at it

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from jit_ahead.core import knobs
-from jit_ahead.core.pool import HelperPool
+from jit_ahead.core.building.pool import HelperPool
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.stats import Stats
-from jit_ahead.core.table import State
+from jit_ahead.core.observing.stats import Stats
+from jit_ahead.core.building.table import State
 from jit_ahead.triton import capture
 from jit_ahead.triton.family import SPEC
 
@@ -336,7 +336,7 @@ def test_once_serving_starts_helpers_beyond_serving_workers_stop_and_the_rest_fi
 def test_a_helper_whose_server_is_gone_stops_quietly():
     # a server that exits or crashes closes its end of the pipes; a helper answering a message then gets
     # EPIPE, and stops without a traceback of its own next to the server's
-    from jit_ahead.core.protocol import Preload, write_message
+    from jit_ahead.core.building.protocol import Preload, write_message
     from jit_ahead_helpers import worker
 
     inbox_r, inbox_w = os.pipe()
@@ -351,9 +351,9 @@ def test_a_helper_whose_server_is_gone_stops_quietly():
 def test_a_fork_server_silent_past_its_start_timeout_is_killed_and_reaped(tmp_path):
     # A fork server that never answers its handshake (hung in an import, stopped): killed after the start
     # timeout and waited for, so it is neither left running nor left a zombie child of the server.
-    from jit_ahead.core.forkserver import ForkServer, ForkServerGone
-    from jit_ahead.core.helper_env import helper_environment
-    from jit_ahead.core.protocol import Configure
+    from jit_ahead.core.building.forkserver import ForkServer, ForkServerGone
+    from jit_ahead.core.building.helper_env import helper_environment
+    from jit_ahead.core.building.protocol import Configure
 
     silent = tmp_path / "silent-python"
     silent.write_text("#!/bin/sh\nexec sleep 60\n")
@@ -663,9 +663,9 @@ def test_at_a_process_limit_the_pool_gives_up_in_a_few_lines_and_misses_build_in
 
 ORPHAN_PROBE = r"""
 import ctypes, json, os, signal, subprocess, sys, time
-from jit_ahead.core.forkserver import ForkServer
-from jit_ahead.core.helper_env import helper_environment
-from jit_ahead.core.protocol import Configure, Ready, read_message
+from jit_ahead.core.building.forkserver import ForkServer
+from jit_ahead.core.building.helper_env import helper_environment
+from jit_ahead.core.building.protocol import Configure, Ready, read_message
 
 # this process adopts orphans (as init would) and so decides when the helper's pid is free again
 assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER

@@ -6,7 +6,7 @@ import random
 import torch
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider, padded_prefill_batches
 from jit_ahead.providers.liger import LigerProvider, RopeSite, RowWiseSite

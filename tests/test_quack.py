@@ -5,8 +5,8 @@ import pickle
 
 import torch
 
-from jit_ahead.core.limits import EngineLimits
-from jit_ahead.core.session import Session
+from jit_ahead.core.planning.limits import EngineLimits
+from jit_ahead.session import Session
 from jit_ahead.providers.quack import QuackRMSNormProvider
 
 from .test_cute import run_python

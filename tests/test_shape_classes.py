@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers import shape_classes
 from jit_ahead.providers.base import Claims
 from jit_ahead.providers.device_gates import meta_stands_for_the_gpu
@@ -269,7 +269,7 @@ def _square_unless_told(item):
     import os
     import signal
 
-    from jit_ahead.core import planners
+    from jit_ahead.core.planning import planners
 
     kind, value = item
     if planners.in_planner() and kind != "ok":
@@ -280,7 +280,7 @@ def _square_unless_told(item):
 def test_forked_calls_answer_every_item_even_when_a_child_dies_or_hangs():
     import os
 
-    from jit_ahead.core import forked_calls
+    from jit_ahead.core.planning import forked_calls
 
     items = [("ok", 1), ("ok", 2), ("die", 3), ("ok", 4), ("ok", 5), ("hang", 6)]
     results = forked_calls.call_all(_square_unless_told, items, workers=3, timeout=5.0)
@@ -330,7 +330,7 @@ def _dies_in_a_child():
     import os
     import signal
 
-    from jit_ahead.core import planners
+    from jit_ahead.core.planning import planners
 
     if planners.in_planner():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -354,7 +354,7 @@ def test_a_search_process_is_killed_when_planning_is_cancelled():
 
     import psutil
 
-    from jit_ahead.core import forked_calls
+    from jit_ahead.core.planning import forked_calls
 
     cancelled = threading.Event()
     threading.Timer(0.5, cancelled.set).start()

@@ -176,10 +176,10 @@ from jit_ahead.triton.standin import ensure_driver
 ensure_driver()
 import torch
 from tests.kernels import basic as k
-before = "jit_ahead.core.session" in sys.modules and sys.modules["jit_ahead.core.session"].current() is not None
+before = "jit_ahead.session" in sys.modules and sys.modules["jit_ahead.session"].current() is not None
 {break_start}
 k.add_kernel[(1,)](torch.empty(64, device="meta"), torch.empty(64, device="meta"), torch.empty(64, device="meta"), 64, BLOCK=64)
-from jit_ahead.core import session
+from jit_ahead import session
 s = session.current()
 print(json.dumps([loaded, before, s is not None and s.stats.count("executor_miss"),
                   s is not None and s.stats.count("compile")]))
@@ -198,13 +198,13 @@ def test_without_records_the_session_starts_at_the_first_compile_and_sees_it(tmp
         seen[arm] = json.loads(out.stdout.strip().splitlines()[-1])
     loaded, before, misses, compiles = seen["first compile"]
     assert not before and seen["import"][1]
-    assert not {"jit_ahead.core.session", "jit_ahead.core.pool", "jit_ahead.triton.family"} & set(loaded), loaded
+    assert not {"jit_ahead.session", "jit_ahead.core.building.pool", "jit_ahead.triton.family"} & set(loaded), loaded
     assert misses == 1 and seen["import"][2:] == [misses, compiles]
 
 
 def test_a_session_that_cannot_start_at_the_first_compile_leaves_that_launch_to_triton(tmp_path):
     env = dict(JIT_AHEAD="1", JIT_AHEAD_TRITON_WORKERS="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    broken = ("import jit_ahead.core.session as _s\n"
+    broken = ("import jit_ahead.session as _s\n"
               "def _refuse(*a, **k):\n    raise OSError('injected: no session')\n"
               "_s.start = _refuse")
     out = run_raw(FIRST_COMPILE.format(break_start=broken), cwd=str(Path(__file__).parent.parent), **env)
@@ -260,7 +260,7 @@ def test_where_the_first_compile_cannot_be_arranged_the_session_starts_at_once_a
     code = ("import json\nfrom jit_ahead import registry\n"
             "registry.BUILTIN = tuple(registry.FamilyInfo(i.name, i.implementation, i.triggers, i.misses_are_calls,"
             " 'jit_ahead.no_such_module:arm' if i.first_use else '') for i in registry.BUILTIN)\n"
-            "import triton, sys\nprint(json.dumps('jit_ahead.core.session' in sys.modules))")
+            "import triton, sys\nprint(json.dumps('jit_ahead.session' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
                          env={**without_jit_ahead(os.environ),
                               "JIT_AHEAD": "1", "JIT_AHEAD_TRITON_WORKERS": "0"})

@@ -4,7 +4,7 @@ import time
 
 from jit_ahead.core.priority import Priority
 from jit_ahead.core.requests import BuildRequest, BuildResult
-from jit_ahead.core.table import RequestTable, State
+from jit_ahead.core.building.table import RequestTable, State
 
 
 def req(key: str) -> BuildRequest:

@@ -13,10 +13,10 @@ import psutil
 import pytest
 import torch
 
-from jit_ahead.core.executor import JitAfterReadyError
+from jit_ahead.core.building.executor import JitAfterReadyError
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.session import Session
-from jit_ahead.core.table import State
+from jit_ahead.session import Session
+from jit_ahead.core.building.table import State
 from jit_ahead.providers.tilelang_calls import TileLangTokenCalls
 from jit_ahead.report import analyse, read_events
 from jit_ahead.tilelang import build, hook
@@ -93,7 +93,7 @@ def test_out_idx_is_made_legal_as_tilelangs_own_adapter_makes_it_when_it_loads_a
 WARM_START = """
 import sys
 if sys.argv[1] == "jit_ahead":
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     Session(families=("tilelang",), tilelang={"workers": 0}).start()
 from tests.kernels.tilelang_rows import split_row_sums
 for n_splits in (1, 2, 4):
@@ -134,7 +134,7 @@ def test_a_planned_key_is_the_key_tilelang_files_its_own_compile_under():
 
 FRESH_SERVER = """
 import json
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from tests.kernels.tilelang_rows import scale_rows, split_row_sums
 session = Session(families=("tilelang",), tilelang={"workers": 0}).start()
 events = []
@@ -267,7 +267,7 @@ def test_a_request_this_tilelang_keys_otherwise_is_refused_with_one_line_and_not
 
 def test_jit_ahead_1_with_the_tilelang_family_starts_it_when_tilelang_is_imported():
     code = ("import json, sys, tilelang, jit_ahead; s = jit_ahead.current(); "
-            "print(json.dumps([sorted(s.families), s.families["tilelang"].pool.workers]))")
+            "print(json.dumps([sorted(s.families), s.families['tilelang'].pool.workers]))")
     env = without_jit_ahead(os.environ)
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=300,
                          env={**env, "JIT_AHEAD": "1", "JIT_AHEAD_FAMILIES": "tilelang", "JIT_AHEAD_TILELANG_WORKERS": "1"})
@@ -290,7 +290,7 @@ SERVE_AT_RANDOM = """
 import json, random, sys
 from jit_ahead.core import device_view
 device_view.pin(device_view.DeviceView.h200())  # torch answers as on the H200 (132 SMs), as the planners saw
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from tests.kernels.tilelang_rows import SplitRowSums
 session = Session(families=("tilelang",), tilelang={"workers": 0}).start()
 events = []
@@ -311,7 +311,7 @@ def test_split_counts_from_token_count_and_sm_count_are_planned_for_every_token_
     # serving random token counts across the limits compiles nothing.
     import random
 
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
 
     session = tilelang_session(workers=1)
     try:
@@ -333,7 +333,7 @@ def test_split_counts_from_token_count_and_sm_count_are_planned_for_every_token_
 
 THIRD_PARTY_SERVER = """
 import json
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 from fla.ops.generalized_delta_rule.dplr.backends.tilelang import cumsum
 session = Session(families=("tilelang",), tilelang={"workers": 0}).start()
 events = []
@@ -368,7 +368,7 @@ def test_a_third_party_tilelang_kernel_is_planned_built_by_a_helper_and_loaded_w
 
 def test_where_tilelang_cannot_be_imported_the_family_is_left_out_with_one_line():
     code = ("import sys, json\nsys.modules['tilelang'] = None  # as where it is not installed\n"
-            "from jit_ahead.core.session import Session\n"
+            "from jit_ahead.session import Session\n"
             "s = Session(families=('tilelang',), skip_unavailable=True, tilelang={'workers': 0}).start()\n"
             "print(json.dumps(sorted(s.families)))\ns.close()\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -404,7 +404,7 @@ def test_with_tilelangs_cache_off_a_compile_is_left_to_tilelang_once(monkeypatch
 
 
 def test_the_token_count_provider_takes_calls_whose_arguments_are_lists():
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
 
     class ListArguments(TileLangTokenCalls):
         name = "test-list-arguments"

@@ -8,8 +8,8 @@ import random
 import torch
 
 from jit_ahead import demo_models
-from jit_ahead.core import plan_cache
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning import plan_cache
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
 from jit_ahead.triton import capture, plan, tuning
 
@@ -270,7 +270,7 @@ def test_planner_processes_hand_their_tuning_tasks_to_the_session(session_factor
 def test_tasks_are_saved_with_the_plan_and_read_back_by_the_next_start(session_factory):
     import json
 
-    from jit_ahead.core import plan_cache
+    from jit_ahead.core.planning import plan_cache
     from jit_ahead.triton.tuning import decode_task, encode_task
 
     limits = EngineLimits(max_num_tokens=64, max_batch_size=2, max_seq_len=48, cuda_graph_batch_sizes=(1, 2))
@@ -326,7 +326,7 @@ def test_a_saved_task_that_is_not_one_makes_the_plan_unusable_not_the_start(sess
 def test_the_stats_log_and_the_report_show_what_tune_ahead_did(monkeypatch, tmp_path, capsys):
     from jit_ahead.cli import main
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
 
     from .conftest import wait_all
 

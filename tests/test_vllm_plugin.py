@@ -175,7 +175,7 @@ experts = on_triton_experts(model)
 LIMIT = 16384
 import random, torch
 import jit_ahead
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core.priority import Priority
 from jit_ahead.engines.vllm import worker
 from jit_ahead.providers import vllm_meta_ops

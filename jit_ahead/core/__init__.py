@@ -3,7 +3,8 @@
 Names are resolved lazily: the ``JIT_AHEAD=1`` start-up imports single modules of the core (knobs) and must
 not pay for the others."""
 
-__all__ = ["Priority", "BuildRequest", "BuildResult"]
+__version__ = "0.1.0"  # jit_ahead's (pyproject.toml's): saved plans are keyed by it
+__all__ = ["Priority", "BuildRequest", "BuildResult", "__version__"]
 
 
 def __getattr__(name: str):

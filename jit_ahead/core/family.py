@@ -11,7 +11,7 @@ The parts of a family:
   returns what the helper reports about itself), then ``build(payload)`` per request (builds into the DSL's
   cache atomically, returns details for the stats log, raises on failure); a launch that builds in place
   runs the same ``build`` on its own thread (the executor's ``build_here``);
-- its **executor** side (``ExecutorBase`` in ``core/executor.py``): the DSL's hook calls it on a miss;
+- its **executor** side (``ExecutorBase`` in ``core/building/executor.py``): the DSL's hook calls it on a miss;
 - the **family** itself (``Family`` below): the pool, the hooks, planning's captures, saved-plan entries,
   records and their replay;
 - its **variants** (``core/requests.py``): each buildable variant describes itself (key, label, whether it
@@ -27,19 +27,19 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from . import events
+from .observing import events
 from . import knobs as core_knobs
 from .device_view import DeviceView, ViewOnDemand
-from .own_cpu import OwnThread
-from .pool import FamilySpec, HelperPool
+from .observing.own_cpu import OwnThread
+from .building.pool import FamilySpec, HelperPool
 from .priority import Priority
 from .records import KNOB as RECORD_KNOB
 from .records import RecordFolder, RecordFormat, record_folder, recording_enabled
 
 if TYPE_CHECKING:
-    from .executor import ExecutorBase
-    from .stats import Stats
-    from .table import Ticket
+    from .building.executor import ExecutorBase
+    from .observing.stats import Stats
+    from .building.table import Ticket
     from .requests import Variant
 
 log = logging.getLogger("jit_ahead.family")

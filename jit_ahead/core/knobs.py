@@ -175,20 +175,6 @@ def preload_modules(knob: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in os.environ.get(knob, "").split(",") if m.strip())
 
 
-def families() -> tuple[str, ...]:
-    """JIT_AHEAD_FAMILIES: the families a ``JIT_AHEAD=1`` session starts (default ``triton``;
-    ``triton,cute`` adds the CuTe DSL family, which needs ``jit_ahead[cute-dsl]``; a package's own family
-    by the name it registers, ``jit_ahead/registry.py``). Unknown names are dropped with one line."""
-    from .. import registry
-
-    names = registry.requested(os.environ)
-    unknown = [n for n in names if registry.family_info(n) is None]
-    if unknown:
-        log.error("JIT_AHEAD_FAMILIES: unknown %s (known: %s); ignored", ", ".join(unknown),
-                  ", ".join(sorted(registry.known_families())))
-    return tuple(dict.fromkeys(n for n in names if n not in unknown)) or ("triton",)
-
-
 def cache_folder(name: str, default_leaf: str, raw: str | None = None) -> "Path | None":
     """The folder knob ``name`` names: unset or empty, ``~/.cache/jit_ahead/<default_leaf>`` (under
     ``$XDG_CACHE_HOME`` where that is set); ``0``/``off``/``false``/``no``: None (off)."""
@@ -276,7 +262,7 @@ def engine_limits():
     8192), ``JIT_AHEAD_MAX_BATCH_SIZE`` (16), ``JIT_AHEAD_MAX_SEQ_LEN`` (4096) and
     ``JIT_AHEAD_CUDA_GRAPH_SIZES`` (comma-separated, default 1,2,4,8,16; sizes above the batch limit are
     dropped). A bad value logs one line and uses the default."""
-    from .limits import EngineLimits
+    from .planning.limits import EngineLimits
 
     tokens = env_int("JIT_AHEAD_MAX_NUM_TOKENS", 8192, minimum=1, maximum=MAX_TOKENS)
     batch = env_int("JIT_AHEAD_MAX_BATCH_SIZE", 16, minimum=1, maximum=MAX_BATCH)

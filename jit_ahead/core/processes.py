@@ -22,7 +22,7 @@ import warnings
 
 
 from .unfinished_imports import forget_unfinished_imports
-from .own_cpu import OwnThread
+from .observing.own_cpu import OwnThread
 
 log = logging.getLogger("jit_ahead.processes")
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shared_files import open_regular, unsafe_because
+from .building.shared_files import open_regular, unsafe_because
 
 log = logging.getLogger("jit_ahead.records")
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..core.build_lock import variant_lock
+from ..core.building.build_lock import variant_lock
 from . import library_cache
 from .arch import ARCH_VAR, arch_of, targeting
 from .library_cache import LibraryCacheRequest

@@ -13,10 +13,10 @@ import logging
 import time
 from pathlib import Path
 
-from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
-from ..core.pool import HelperPool
-from ..core.stats import Stats
+from ..core.observing import events
+from ..core.building.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
+from ..core.building.pool import HelperPool
+from ..core.observing.stats import Stats
 from .build import object_path
 from .call import request_from_call
 from .request import FAMILY, CuteCompileRequest

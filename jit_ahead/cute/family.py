@@ -13,8 +13,8 @@ import sys
 
 from ..core import device_view
 from ..core.family import Family
-from ..core.pool import FamilySpec
-from ..core.stats import Stats
+from ..core.building.pool import FamilySpec
+from ..core.observing.stats import Stats
 from ..core.records import RecordFormat
 from ..registry import workers_knob
 from . import hook, library_cache
@@ -73,7 +73,7 @@ class CuteFamily(Family):
     def capture(self, target=None):
         return capture(target or self.arch)
 
-    # -- records and saved plans (core/plan_cache.py) -------------------------------------------------------------
+    # -- records and saved plans (core/planning/plan_cache.py) -------------------------------------------------------------
     def record_format(self) -> RecordFormat:
         return record_format(self.arch)
 

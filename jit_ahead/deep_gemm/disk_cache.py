@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ..core import cuda_elf
-from ..core.shared_files import remove_entry
+from ..core.building import cuda_elf
+from ..core.building.shared_files import remove_entry
 
 log = logging.getLogger("jit_ahead.deep_gemm")
 

@@ -14,9 +14,9 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from ..core.executor import ExecutorBase
+from ..core.building.executor import ExecutorBase
 from ..core.family import Family
-from ..core.pool import FamilySpec
+from ..core.building.pool import FamilySpec
 from ..core.records import RecordFormat
 from ..registry import workers_knob
 from . import build, disk_cache

@@ -61,7 +61,7 @@ def plan(model) -> None:
         if not isinstance(model, torch.nn.Module):
             return
         from ..core import knobs
-        from ..core.session import current
+        from ..session import current
 
         session = current()
         if session is None:

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..core.limits import EngineLimits
+from ..core.planning.claims import Claims  # noqa: F401 - part of the provider API
+from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 
 
@@ -19,19 +20,6 @@ class PlannedLaunch:
     priority: Priority  # WARMUP for what warmup and CUDA-graph capture need, else BACKGROUND
     run: Callable[[], object]
     label: str
-
-
-@dataclass(frozen=True)
-class Claims:
-    """What providers plan in full, so that the model-level planner need not: modules (by ``id`` of the
-    model's own module) whose every launch a provider plans, and kernels (by name) a provider plans at
-    every call wherever they are launched from."""
-
-    modules: frozenset[int] = frozenset()
-    kernels: frozenset[str] = frozenset()
-
-    def __or__(self, other: "Claims") -> "Claims":
-        return Claims(self.modules | other.modules, self.kernels | other.kernels)
 
 
 class Provider(ABC):

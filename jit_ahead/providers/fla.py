@@ -46,8 +46,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.limits import EngineLimits
-from ..core.planners import in_planner
+from ..core.planning.limits import EngineLimits
+from ..core.planning.planners import in_planner
 from ..core.priority import Priority
 from ..core.processes import fork_safe_lock
 from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_token_counts

@@ -19,7 +19,8 @@ Result = TypeVar("Result")
 def call_all(function: Callable[[Item], object], items: Sequence[Item], workers: int | None = None) -> list:
     """``[function(item) for item in items]``, spread over ``workers`` forked processes (default: the
     planner count); a call that raises raises here, as it would in this thread."""
-    from ..core import forked_calls, knobs
+    from ..core.planning import forked_calls
+    from ..core import knobs
     from . import meta_shortcuts
 
     workers = knobs.planner_count(quiet=True) if workers is None else workers
@@ -32,7 +33,8 @@ def call_in_child(function: Callable[[], Result], stop: Callable[[], bool],
     whose ``call_all`` forks processes of its own (``forked_calls.call_in_child``); ``cancelled()`` if
     ``stop()`` turned true meanwhile; in this thread where there are no planners (``JIT_AHEAD_PLANNERS=0``)
     or forking is not possible (a planner process, no fork), or the child gave no answer (one line)."""
-    from ..core import forked_calls, knobs
+    from ..core.planning import forked_calls
+    from ..core import knobs
     from . import meta_shortcuts
 
     if knobs.planner_count(quiet=True) == 0 or not forked_calls.can_call_in_child():

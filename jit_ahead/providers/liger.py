@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.limits import EngineLimits
+from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_shapes, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.limits import EngineLimits
+from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from . import forked_planning, shape_classes
 from .base import Claims, PlannedLaunch, Provider, is_warmup_shape, warmup_shapes

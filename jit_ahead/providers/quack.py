@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.limits import EngineLimits
+from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, warmup_token_counts
 

@@ -15,7 +15,7 @@ import functools
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 
-from ..core.limits import EngineLimits
+from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, warmup_token_counts
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.limits import EngineLimits
+from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, imported, warmup_token_counts
 from .thread_patch import patched_in_this_thread

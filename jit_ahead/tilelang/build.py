@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 
-from ..core.shared_files import remove_entry
+from ..core.building.shared_files import remove_entry
 from .request import TileLangCompileRequest
 
 CACHE_KNOB = "TILELANG_CACHE_DIR"

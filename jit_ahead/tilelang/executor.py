@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from ..core.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
+from ..core.building.executor import ExecutorBase, JitAfterReadyError, refuse_fallback_if_strict
 from .request import FAMILY
 
 log = logging.getLogger("jit_ahead.tilelang.executor")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 
 from ..core.family import Family
-from ..core.pool import FamilySpec
+from ..core.building.pool import FamilySpec
 from ..core.records import RecordFormat
-from ..core.stats import Stats
+from ..core.observing.stats import Stats
 from ..registry import workers_knob
 from . import build, hook
 from .executor import TileLangExecutor

@@ -15,7 +15,7 @@ import contextvars
 import logging
 from collections.abc import Callable
 
-from ..core.executor import JitAfterReadyError
+from ..core.building.executor import JitAfterReadyError
 from ..core.shared_patch import SharedPatch, swap_in, swap_out
 from .request import TileLangCompileRequest, legal_out_idx, request_for
 

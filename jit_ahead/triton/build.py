@@ -18,7 +18,7 @@ import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
-from ..core.build_lock import variant_lock
+from ..core.building.build_lock import variant_lock
 from ..core.device_view import DeviceView
 from . import cache_check
 from .request import TritonCompileRequest

@@ -41,8 +41,8 @@ import uuid
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
 from ..core.processes import fork_safe_lock
-from ..core.shared_files import open_regular, remove_entry
-from ..core.cuda_elf import cuda_elf_arch
+from ..core.building.shared_files import open_regular, remove_entry
+from ..core.building.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 
 MANIFEST = "jit_ahead_manifest.json"

@@ -14,10 +14,10 @@ from collections import defaultdict
 
 from triton import knobs
 
-from ..core import events
-from ..core.executor import ExecutorBase, JitAfterReadyError, kernel_of, refuse_fallback_if_strict
-from ..core.pool import HelperPool
-from ..core.stats import Stats
+from ..core.observing import events
+from ..core.building.executor import ExecutorBase, JitAfterReadyError, kernel_of, refuse_fallback_if_strict
+from ..core.building.pool import HelperPool
+from ..core.observing.stats import Stats
 from ..core.priority import Priority
 from . import cache_check
 from .cache_check import Entry

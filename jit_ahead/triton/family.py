@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
-from ..core import device_view, events
+from ..core import device_view
+from ..core.observing import events
 from ..core import knobs as core_knobs
 from ..core.family import Family
-from ..core.pool import FamilySpec
+from ..core.building.pool import FamilySpec
 from ..core.priority import Priority
 from ..core.records import KNOB as RECORD_KNOB
 from ..core.records import (RecordFolder, RecordFormat, is_dotted_name, keeps_tuning, record_folder,
                              recording_enabled, tuning_folder)
-from ..core.stats import Stats
-from ..core.table import Ticket
+from ..core.observing.stats import Stats
+from ..core.building.table import Ticket
 from ..registry import workers_knob
 from . import autotune, cache_check, hook
 from .executor import TritonExecutor
@@ -170,7 +171,7 @@ class TritonFamily(Family):
             log.info("triton: %s not tuned ahead: %s; its first launch tunes it", left.task.label, left.why)
         return summary
 
-    # -- saved plans: the record header and entries (core/plan_cache.py) -----------------------------------
+    # -- saved plans: the record header and entries (core/planning/plan_cache.py) -----------------------------------
     def plan_header(self) -> dict:
         return record_header(target_of(self.device_view))
 

@@ -12,7 +12,7 @@ import contextvars
 import logging
 from collections.abc import Callable
 
-from ..core.executor import JitAfterReadyError
+from ..core.building.executor import JitAfterReadyError
 from ..core.shared_patch import SharedPatch
 from . import compat, hook_slot
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import triton
 
 from ..core.processes import fork_safe_lock
-from ..core.own_cpu import OwnTimer, spent
+from ..core.observing.own_cpu import OwnTimer, spent
 from ..core.records import RecordFormat, is_dotted_name
 from .request import FAMILY, TritonCompileRequest
 from .variant_diff import is_specialization

@@ -156,7 +156,7 @@ def task_of(autotuner: Autotuner, args: tuple, kwargs: dict, configs: list, key:
     return TuningTask(*names, arg_specs, kwarg_specs, tuple(grids), unsupported)
 
 
-# -- saved plans (core/plan_cache.py): a task as JSON ---------------------------------------------------------
+# -- saved plans (core/planning/plan_cache.py): a task as JSON ---------------------------------------------------------
 def _encode_value(value):
     if isinstance(value, TensorSpec):
         return {"tensor": [list(value.shape), list(value.stride), value.dtype, value.offset,

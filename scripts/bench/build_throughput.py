@@ -57,8 +57,8 @@ def ready_pool(requests, workers: int, start: str):
     """A fresh pool of ``workers`` helpers writing to an empty cache, started, its helpers up and holding
     the kernel modules; returns the pool, its stats events and the start and ready times."""
     from jit_ahead.core import device_view
-    from jit_ahead.core.pool import HelperPool
-    from jit_ahead.core.stats import Stats
+    from jit_ahead.core.building.pool import HelperPool
+    from jit_ahead.core.observing.stats import Stats
     from jit_ahead.triton.family import SPEC
 
     cache = tempfile.mkdtemp(prefix=f"jit_ahead_bench_{workers}_")

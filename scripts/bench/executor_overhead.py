@@ -62,7 +62,7 @@ def launch_us(launches: int, block: int = 256) -> float:
 def alternate(measure, rounds: int) -> dict:
     """``measure()`` without and with a session (no helpers: its hook and listener only), alternating so
     that drift of a shared machine falls on both arms alike."""
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
 
     out = {"off": [], "on": []}
     for _ in range(rounds):
@@ -102,7 +102,7 @@ def main() -> int:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="jit_ahead_overhead_")
 
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from jit_ahead.triton import capture
     from jit_ahead.triton.standin import ensure_driver
 

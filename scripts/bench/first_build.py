@@ -34,9 +34,9 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
 
     ensure_driver()  # a real GPU wins; the stand-in (sm_90) otherwise, before fla reads the device
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
 
     net = (demo_models.fla_gated_deltanet if model == "gated-deltanet" else demo_models.liger_qwen3)(device="meta")
     events: list[dict] = []

@@ -46,7 +46,7 @@ class FileTrace:
 def triton_miss() -> dict:
     import torch
 
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from jit_ahead.triton.standin import ensure_driver
     from tests.kernels.basic import add_kernel
 
@@ -63,7 +63,7 @@ def triton_miss() -> dict:
 
 def toy_miss() -> dict:
     from jit_ahead import registry
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from tests.toy import INFO, dsl
 
     registry._registered[INFO.name] = INFO  # as the toy's entry point would register it

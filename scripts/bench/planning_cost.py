@@ -64,7 +64,7 @@ def main() -> int:
 
     ensure_driver()  # before fla is imported: it reads the device at import
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
     from jit_ahead.providers.liger import LigerProvider
 

@@ -52,8 +52,8 @@ def one_run(model: str, limits: tuple[int, int, int]) -> dict:
     from jit_ahead.triton.standin import ensure_driver
 
     ensure_driver()
-    from jit_ahead.core.limits import EngineLimits
-    from jit_ahead.core.session import Session
+    from jit_ahead.core.planning.limits import EngineLimits
+    from jit_ahead.session import Session
 
     from jit_ahead.providers.model import ModelProvider
 

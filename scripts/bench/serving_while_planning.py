@@ -82,7 +82,7 @@ def planning_only(arm: str) -> dict:
     import threading
 
     import jit_ahead
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.triton.standin import ensure_driver
 
     ensure_driver()
@@ -114,7 +114,7 @@ def child(arm: str, seed: int) -> dict:
     marks = _Marks()
     if arm.startswith("jit"):
         import jit_ahead
-        from jit_ahead.core.limits import EngineLimits
+        from jit_ahead.core.planning.limits import EngineLimits
         from jit_ahead.triton.standin import ensure_driver
 
         ensure_driver()

@@ -34,9 +34,9 @@ import json, random, sys
 from jit_ahead.triton.standin import ensure_driver
 ensure_driver()
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.core.priority import Priority
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 limits = EngineLimits(max_num_tokens=512, max_batch_size=4, max_seq_len=512, cuda_graph_batch_sizes=(1, 2, 4))
 session = Session().start()
 model = demo_models.fla_gated_deltanet(layers=1)

@@ -37,7 +37,7 @@ cpu_vllm()
 model = moe_model({"moe": tuple(json.loads(sys.argv[1]))})
 on_triton_experts(model)
 import jit_ahead
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.engines.vllm import worker
 session = jit_ahead.start()
 started = time.perf_counter() - t0

@@ -52,7 +52,7 @@ def child(model_name: str, arm: str, seed: int, cold: bool) -> dict:
     import triton  # noqa: F401
 
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.core.priority import Priority
     from jit_ahead.triton.standin import ensure_driver
 
@@ -79,7 +79,7 @@ def child(model_name: str, arm: str, seed: int, cold: bool) -> dict:
     if session is not None:
         session.mark_serving(tune_ahead=cold)
         try:
-            from jit_ahead.core import own_cpu
+            from jit_ahead.core.observing import own_cpu
         except ImportError:  # a --tree from before jit_ahead counted its own CPU
             own_cpu = None
         if own_cpu is not None:

@@ -46,9 +46,9 @@ def main() -> int:
     import cutlass
     import quack
     import tvm_ffi
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.core.priority import Priority
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from jit_ahead.cute import hook
     from jit_ahead.providers.quack import QuackRMSNormProvider
     from tests.kernels import cute_add

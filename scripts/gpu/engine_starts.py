@@ -368,7 +368,7 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     import torch
 
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.core.priority import Priority
 
     limits = EngineLimits(**SETS[set_name], cuda_graph_batch_sizes=(1, 2, 4, 8, 16))
@@ -426,8 +426,8 @@ def run_arm(model_name: str, set_name: str, arm: str, seed: int) -> dict:
     t_tuned = time.perf_counter() - T0
     cpu_before_serving = time.process_time()  # every thread's, this process's: the start's CPU
     own = None
-    if session is not None:  # of it, jit_ahead's own (its threads and the session's calls): core/own_cpu.py
-        from jit_ahead.core import own_cpu
+    if session is not None:  # of it, jit_ahead's own (its threads and the session's calls): core/observing/own_cpu.py
+        from jit_ahead.core.observing import own_cpu
 
         own = {"own_s": own_cpu.total(), "by_where": own_cpu.seconds()}
     if profiler is not None and profile_to == "serving":

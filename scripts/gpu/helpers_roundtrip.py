@@ -58,7 +58,7 @@ def plan_and_build(workers: int | None) -> dict:
 
     workloads = examples.available()
     examples.import_libraries(workloads)
-    from jit_ahead.core.session import Session
+    from jit_ahead.session import Session
     from jit_ahead.triton import capture
 
     t0 = time.perf_counter()

@@ -10,7 +10,7 @@ import time
 import torch
 
 from jit_ahead import demo_models
-from jit_ahead.core.limits import EngineLimits
+from jit_ahead.core.planning.limits import EngineLimits
 from jit_ahead.providers.base import Claims
 from jit_ahead.providers.builtin import builtin_providers
 

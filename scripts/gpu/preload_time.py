@@ -40,7 +40,7 @@ print("RESULT", t1 - t0, t2 - t1)
 SESSION = """
 import time, sys; T = time.time(); P = time.perf_counter()
 import torch, importlib
-from jit_ahead.core.session import Session
+from jit_ahead.session import Session
 events = []
 session = Session(triton={{"preload": {modules!r}}})
 session.stats.subscribe(lambda e: events.append((e["event"], e["time"] - T)))

@@ -57,7 +57,7 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
     import torch
 
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
 
     limits = EngineLimits(**LIMITS[model_name])
     counter = demo_models.CompileCounter().install()  # before the session: jit_ahead chains to it
@@ -69,7 +69,7 @@ def run_arm(model_name: str, arm: str, padded: bool = False) -> dict:
     host_builds = _time_host_builds(counter)
     misses: list[dict] = []  # jit_ahead's executor misses in serving: what a slow request waited for
     if arm.startswith("cold-jit") or arm == "warm-jit":
-        from jit_ahead.core.session import Session
+        from jit_ahead.session import Session
 
         from jit_ahead.providers.fla import FlaGatedDeltaNetProvider
         from jit_ahead.providers.liger import LigerProvider

@@ -85,7 +85,7 @@ def run_model(model_name: str, set_name: str, seeds: tuple[int, int, int]) -> di
 
     import jit_ahead
     from jit_ahead import demo_models
-    from jit_ahead.core.limits import EngineLimits
+    from jit_ahead.core.planning.limits import EngineLimits
     from jit_ahead.core.priority import Priority
 
     limits = EngineLimits(**SETS[set_name], cuda_graph_batch_sizes=(1, 2, 4, 8, 16))

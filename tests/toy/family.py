@@ -6,9 +6,9 @@ import contextlib
 from dataclasses import dataclass
 
 from jit_ahead.core.device_view import DeviceView
-from jit_ahead.core.executor import ExecutorBase
+from jit_ahead.core.building.executor import ExecutorBase
 from jit_ahead.core.family import Family
-from jit_ahead.core.pool import FamilySpec
+from jit_ahead.core.building.pool import FamilySpec
 from jit_ahead.core.records import RecordFormat, dataclass_format
 from jit_ahead.core.requests import VariantBase
 

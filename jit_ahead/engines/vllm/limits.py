@@ -1,7 +1,7 @@
 """The limits a vLLM worker serves within, read from its ``VllmConfig``."""
 from __future__ import annotations
 
-from ...core.limits import EngineLimits
+from ...core.planning.limits import EngineLimits
 
 
 def limits_from(vllm_config) -> EngineLimits:

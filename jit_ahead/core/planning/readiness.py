@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import knobs
-from .priority import Priority
+from .. import knobs
+from ..priority import Priority
 
 # JIT_AHEAD_READY: what wait_ready holds for. ``warmup``: the WARMUP variants listed and built (planning may
 # still list BACKGROUND ones, which a request then waits for); ``plan``: the whole plan listed, WARMUP built;

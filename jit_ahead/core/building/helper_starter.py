@@ -10,15 +10,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import events
-from .device_view import DeviceView, ViewOnDemand
+from ..observing import events
+from ..device_view import DeviceView, ViewOnDemand
 from .forkserver import ForkServer, ForkServerGone, describe_exit
 from .helper_env import start_helper_process
 from .helper_process import HelperProcess, HelperEnding
-from .preload_list import PreloadList
-from .processes import Spawner
+from ..processes import Spawner
 from .protocol import Configure, Preload, PreloadDone, ProtocolError, Ready
-from .stats import Stats
+from ..observing.stats import Stats
 
 log = logging.getLogger("jit_ahead.pool")
 
@@ -40,7 +39,7 @@ class HelperStarter:
                  device_view: DeviceView | ViewOnDemand | None, start_mode: str, start_timeout: float,
                  build_timeout: float, closed: threading.Event, serving: threading.Event,
                  python: str = sys.executable, max_forkserver_deaths: int = 3,
-                 preloads: PreloadList | None = None) -> None:
+                 preloads: Callable[[], tuple[str, ...]] = tuple) -> None:
         self._family = family_name
         self._builder = builder
         self._stats = stats
@@ -52,7 +51,7 @@ class HelperStarter:
         self._closed = closed
         self._serving = serving
         self._lock = threading.Lock()
-        self._preload = preloads if preloads is not None else PreloadList()
+        self._preloads = preloads  # the modules every helper imports, in the order asked: the pool's
         self._bad_preloads: set[str] = set()
         self._forking = start_mode in ("server", "fork") and hasattr(os, "fork")
         self._fork_from_server = start_mode == "server"  # off after serving starts, or if it failed
@@ -73,14 +72,14 @@ class HelperStarter:
         """Whether a helper forked now has ``modules`` imported: the fork server runs and imported them."""
         with self._lock:
             server = self._forkserver
-            imported = set(self._preload.names()[:self._forkserver_preloaded]) - self._bad_preloads
+            imported = set(self._preloads()[:self._forkserver_preloaded]) - self._bad_preloads
         return server is not None and server.alive and set(modules) <= imported
 
     def bring_up_to_date(self, helper: HelperProcess) -> HelperEnding | None:
         """Bring the helper's imports up to the preload list. A forked helper is replaced by a fresh fork
         once the fork server has imported the new modules (REFRESH); a spawned one imports them itself.
         DIED if it died importing them; None when it is up to date."""
-        names = self._preload.names()
+        names = self._preloads()
         with self._lock:
             new = tuple(m for m in names[helper.sent_preload:] if m not in self._bad_preloads)
             if not helper.forked:
@@ -158,7 +157,7 @@ class HelperStarter:
             proc, to_helper, from_helper = server.fork(name)
             helper = HelperProcess(name, proc, to_helper, from_helper, forked=True,
                                    sent_preload=self._forkserver_preloaded)
-            names = self._preload.names()
+            names = self._preloads()
             with self._lock:
                 helper.modules = set(names[:self._forkserver_preloaded]) - self._bad_preloads
         return self._handshake(helper, t0, self._start_timeout)
@@ -217,7 +216,7 @@ class HelperStarter:
             if not keep:  # closed while it started
                 server.close(0.0)
                 raise ForkServerGone("is not needed any more: the pool is closing or retired")
-        names = self._preload.names()
+        names = self._preloads()
         with self._lock:
             upto = len(names)
             new = tuple(m for m in names[self._forkserver_preloaded:upto] if m not in self._bad_preloads)

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
-from . import events
+from ..observing import events
 from .pool import HelperPool, Outcome
-from .stats import Stats
+from ..observing.stats import Stats
 from .table import State
 
 log = logging.getLogger("jit_ahead.executor")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ..frozen import Factory, Frozen
+from ...frozen import Factory, Frozen
 
 EVENTS: dict[str, type["Event"]] = {}
 STAMP_FIELDS = ("time", "phase", "thread")
@@ -96,7 +96,7 @@ class Ready(DictEvent, name="ready"):
 
 class OwnCpu(DictEvent, name="own_cpu"):
     """When serving starts: jit_ahead's CPU seconds in the server's process so far (``own_s``), and by
-    thread or call (``by_where``, with what a process without it does too) (``core/own_cpu.py``)."""
+    thread or call (``by_where``, with what a process without it does too) (``core/observing/own_cpu.py``)."""
 
 
 class Summary(DictEvent, name="summary"):

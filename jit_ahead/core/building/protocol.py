@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from .requests import BuildRequest, BuildResult
+from ..requests import BuildRequest, BuildResult
 
 _HEADER = struct.Struct("!Q")
 

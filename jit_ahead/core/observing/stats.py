@@ -28,7 +28,7 @@ class Stats:
 
     def emit(self, event: Event) -> None:
         """Stamp ``event`` (time, phase, thread) and hand its JSON object to every listener
-        (``core/events.py`` declares every event)."""
+        (``core/observing/events.py`` declares every event)."""
         name = event.name
         record = {"event": name, "time": time.time(), "phase": self.phase,
                   "thread": threading.current_thread().name, **event.fields()}

@@ -13,6 +13,7 @@ pipes, exactly as with a spawned one; only starting, waiting and killing go thro
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import queue
@@ -25,8 +26,8 @@ import time
 import traceback
 
 from .helper_env import start_helper_process
-from .own_cpu import OwnThread
-from .processes import ForkedChild, Spawner, detach_from_server, fork_quietly
+from ..observing.own_cpu import OwnThread
+from ..processes import ForkedChild, Spawner, detach_from_server, fork_quietly
 from .protocol import (Configure, Exited, Fork, Forked, Preload, PreloadDone, ProtocolError, Ready, Shutdown,
                        read_message, write_message)
 
@@ -142,9 +143,9 @@ def _fork_from_server(fd: int, env: dict[str, str]) -> int:
         os.dup2(2, 1)  # helpers print to stderr, never to the server's stdout (as spawned ones do)
         os.environ.clear()
         os.environ.update(env)
-        from jit_ahead_helpers import forkserver
-
-        code = forkserver.serve(fd, forked_from_server=True)
+        # the helpers' entry point by name, as a spawned fork server runs it (``-m``): helpers build on
+        # the core, never the other way round
+        code = importlib.import_module(FORKSERVER_ENTRY).serve(fd, forked_from_server=True)
     except BaseException:  # noqa: BLE001 - it must never return into the server's code
         with contextlib.suppress(Exception):
             traceback.print_exc()

@@ -23,13 +23,17 @@ from dataclasses import dataclass, field
 
 from filelock import FileLock, Timeout
 
-from . import events, knobs
+from ..observing import events
+from .. import knobs
 from .limits import EngineLimits
-from .own_cpu import OwnThread
+from ..observing.own_cpu import OwnThread
 from .plan_cache import PlanStore, SavedPlan, plan_key
-from .planners import Failure, ForkedPlanners, LaunchGroup, Position, Sink, planner_entry, run_in_thread
-from .priority import Priority
-from .table import State
+from .chunks import Failure, LaunchGroup, Position, Sink
+from .claims import Claims
+from .planners import ForkedPlanners, planner_entry
+from .run_here import run_in_thread
+from ..priority import Priority
+from ..building.table import State
 
 log = logging.getLogger("jit_ahead.planning")
 
@@ -370,8 +374,6 @@ class PlanningRun(Sink):
     def _list_launches(self) -> list[LaunchGroup]:
         """Each provider finds its layers and lists its launches, the model-level planner last with what
         the others claim; grouped by (priority, family, provider), WARMUP first."""
-        from ..providers.base import Claims
-
         groups: dict[tuple[Priority, str, int], list] = defaultdict(list)
         claims = Claims()
         cap = budget = knobs.max_planned_launches()

@@ -10,7 +10,7 @@ import signal
 import subprocess
 
 from .forkserver import describe_exit
-from .processes import end_tree
+from ..processes import end_tree
 from .protocol import Shutdown, read_message, write_message
 
 log = logging.getLogger("jit_ahead.pool")

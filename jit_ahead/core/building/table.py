@@ -13,8 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .priority import Priority
-from .requests import BuildRequest, BuildResult
+from ..priority import Priority
+from ..requests import BuildRequest, BuildResult
 
 log = logging.getLogger("jit_ahead.table")
 

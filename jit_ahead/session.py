@@ -8,19 +8,20 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .. import registry
-from . import device_view, events, knobs, own_cpu
-from .own_cpu import counted
-from .limits import EngineLimits
-from .priority import Priority
-from .readiness import Readiness, ReadyRule, readiness
-from .user_lines import family_helpers, tell_user
-from .stats import Stats, SummaryTally
-from .stats_log import open_stats_log
+from . import registry
+from .core import device_view, knobs
+from .core.observing import events, own_cpu
+from .core.observing.own_cpu import counted
+from .core.planning.limits import EngineLimits
+from .core.priority import Priority
+from .core.planning.readiness import Readiness, ReadyRule, readiness
+from .core.observing.user_lines import family_helpers, tell_user
+from .core.observing.stats import Stats, SummaryTally
+from .core.observing.stats_log import open_stats_log
 
 if TYPE_CHECKING:  # imported when a model is first planned: a process that never plans does not pay for them
-    from .plan_cache import PlanStore
-    from .planning import PlanningRun
+    from .core.planning.plan_cache import PlanStore
+    from .core.planning.run import PlanningRun
 
 log = logging.getLogger("jit_ahead.session")
 
@@ -77,13 +78,13 @@ class Session:
         every installed library (jit_ahead.providers.builtin).
         """
         if providers is None:
-            from ..providers.builtin import builtin_providers  # imports no kernel library itself
+            from .providers.builtin import builtin_providers  # imports no kernel library itself
 
             providers = builtin_providers()
         providers = list(providers)
         view = device_view.current()  # read here: a planner forked from this process must not touch the GPU
 
-        from ..providers import meta_shortcuts
+        from .providers import meta_shortcuts
 
         def enter_planner() -> None:
             device_view.pin(view)
@@ -91,7 +92,7 @@ class Session:
             for family in self.families.values():
                 family.enter_planner()
 
-        from .planning import PlanningRun
+        from .core.planning.run import PlanningRun
 
         run = PlanningRun(self.families, self.stats, model, limits, providers, planners=knobs.planner_count(),
                           serving_planners=knobs.serving_planner_count(), enter_planner=enter_planner, store=self._plan_store(), view=view,
@@ -101,7 +102,7 @@ class Session:
 
     def _plan_store(self) -> PlanStore | None:
         if self._plans is None:
-            from .plan_cache import PlanStore, plan_folder
+            from .core.planning.plan_cache import PlanStore, plan_folder
 
             folder = plan_folder()
             self._plans = PlanStore(folder) if folder is not None else False
@@ -138,7 +139,7 @@ class Session:
                          default.whole_plan if whole_plan is None else bool(whole_plan))
 
     def readiness(self, rule: ReadyRule | None = None) -> Readiness:
-        """How much of the plan is listed and built now, and what is left (``core/readiness.py``)."""
+        """How much of the plan is listed and built now, and what is left (``core/planning/readiness.py``)."""
         return readiness(self._planning, self.families, rule or ReadyRule.from_knob())
 
     def _say_ready(self, rule: ReadyRule) -> None:

@@ -32,9 +32,9 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .priority import Priority
-from .records import describe_difference
-from .shared_files import open_regular, unsafe_because
+from ..priority import Priority
+from ..records import describe_difference
+from ..building.shared_files import open_regular, unsafe_because
 
 log = logging.getLogger("jit_ahead.planning")
 
@@ -50,7 +50,7 @@ _PLAIN = (bool, int, float, str, type(None))
 
 def plan_folder(raw: str | None = None) -> Path | None:
     """The folder JIT_AHEAD_PLAN_DIR names (default ``~/.cache/jit_ahead/plans``); None when it is ``0``."""
-    from .knobs import cache_folder
+    from ..knobs import cache_folder
 
     return cache_folder(KNOB, "plans", raw)
 

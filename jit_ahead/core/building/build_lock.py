@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from . import knobs
+from .. import knobs
 
 log = logging.getLogger("jit_ahead.build_lock")
 

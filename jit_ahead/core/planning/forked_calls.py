@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from . import planners
-from .processes import detach_from_server, fork_quietly, lower_priority
-from .protocol import ProtocolError, read_message, write_message
+from ..processes import detach_from_server, fork_quietly, lower_priority
+from ..building.protocol import ProtocolError, read_message, write_message
 
 log = logging.getLogger("jit_ahead.planning")
 

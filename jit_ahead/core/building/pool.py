@@ -8,7 +8,7 @@ the family names a builder module that helpers import, and its requests carry op
 
 A launch that misses asks the pool for its variant (``obtain``): the pool finds the build done, waits for
 the helper building it, or has the launch build it in place on its own thread, whichever the measured
-build times say is faster (core/build_cost.py), and never two builds of one key.
+build times say is faster (core/building/build_cost.py), and never two builds of one key.
 """
 from __future__ import annotations
 
@@ -24,15 +24,14 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import events
+from ..observing import events
 from .build_cost import BuildCost, HelperLoad
-from .device_view import DeviceView, ViewOnDemand
-from .knobs import checked_process_count, checked_seconds
-from .own_cpu import OwnThread
-from .preload_list import PreloadList
-from .priority import Priority
-from .requests import BuildRequest, BuildResult
-from .stats import Stats
+from ..device_view import DeviceView, ViewOnDemand
+from ..knobs import checked_process_count, checked_seconds
+from ..observing.own_cpu import OwnThread
+from ..priority import Priority
+from ..requests import BuildRequest, BuildResult
+from ..observing.stats import Stats
 from .table import RequestTable, State, Ticket
 
 # The process machinery (starting helpers, the fork server, the messages) is imported when the first
@@ -133,7 +132,8 @@ class HelperPool:
         self._starter_options = dict(env_overrides=env_overrides or {}, device_view=device_view,
                                      start_mode=start_mode, start_timeout=start_timeout, python=python)
         self._starter: HelperStarter | None = None
-        self._preloads = PreloadList()  # shared with the starter once it exists
+        self._preloads: list[str] = []  # what every helper imports before its next build, in the order asked
+        self._preloads_lock = threading.Lock()  # its own: the starter reads it from any thread, under any lock
         self._threads: list[threading.Thread] = []
         self._slots_started = False
         self._helpers: dict[int, HelperProcess] = {}
@@ -151,7 +151,7 @@ class HelperPool:
                    env_overrides: dict[str, str], device_view: DeviceView | ViewOnDemand) -> "HelperPool":
         """A family's pool as the environment configures it (helper counts, build timeout, start mode),
         with the modules of the family's preload knob queued for helpers."""
-        from . import knobs
+        from .. import knobs
 
         pool = cls(family, workers=knobs.worker_count(family.workers_knob) if workers is None else workers,
                    stats=stats, env_overrides=env_overrides, device_view=device_view,
@@ -176,7 +176,7 @@ class HelperPool:
                              device_view=options["device_view"], start_mode=options["start_mode"],
                              start_timeout=options["start_timeout"], build_timeout=self._build_timeout,
                              closed=self._closed, serving=self._retire, python=options["python"],
-                             preloads=self._preloads)
+                             preloads=lambda: self.preloads)
         with self._lock:
             if self._starter is None:
                 self._starter = made
@@ -305,11 +305,13 @@ class HelperPool:
 
     def preload(self, modules) -> None:
         """Have every helper, present and future, import these modules before its next build."""
-        self._preloads.add(modules)
+        with self._preloads_lock:
+            self._preloads.extend(m for m in dict.fromkeys(modules) if m not in self._preloads)
 
     @property
     def preloads(self) -> tuple[str, ...]:
-        return self._preloads.names()
+        with self._preloads_lock:
+            return tuple(self._preloads)
 
     # -- the helpers' state, as launches and the session see it ---------------------------------------------
     def live_helpers(self) -> int:
