@@ -60,7 +60,7 @@ def test_the_entry_point_group_registers_a_family_and_a_session_starts_it(toy):
     session = toy(workers=1)
     family = session.families["toy"]
     assert isinstance(family, ToyFamily) and isinstance(family, Family)
-    assert dsl.handler == family.executor.on_call
+    assert dsl.handler == family.executor.on_miss
     session.close()
     assert dsl.handler is None  # nothing of the family survives its session
 

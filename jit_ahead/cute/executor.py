@@ -48,7 +48,7 @@ class CuteExecutor(ExecutorBase):
         self._loaded: dict[str, object] = {}
         self._unsupported_seen: set[str] = set()
 
-    def on_compile(self, compile_callable, func, args, kwargs, in_place):
+    def on_miss(self, compile_callable, func, args, kwargs, in_place):
         """The hook's handler. If handling the call fails, the DSL compiles it in place (the hook logs
         why), unless ``refuse_fallback_if_strict`` refuses it."""
         compiled_in_place = []
@@ -58,7 +58,7 @@ class CuteExecutor(ExecutorBase):
             return in_place()
 
         try:
-            return self._on_compile(compile_callable, func, args, kwargs, dsl_compile)
+            return self._on_miss(compile_callable, func, args, kwargs, dsl_compile)
         except JitAfterReadyError:
             raise
         except Exception as exc:
@@ -67,7 +67,7 @@ class CuteExecutor(ExecutorBase):
                                           str(getattr(func, "__qualname__", func)), exc)
             raise
 
-    def _on_compile(self, compile_callable, func, args, kwargs, in_place):
+    def _on_miss(self, compile_callable, func, args, kwargs, in_place):
         t0 = time.perf_counter()
         try:
             request = request_from_call(compile_callable, func, args, kwargs, self.arch)

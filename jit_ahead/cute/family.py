@@ -46,7 +46,7 @@ class CuteFamily(Family):
         self.arch = arch_of(self.device_view)
         self.cache_dir = str(cache_root())  # helpers publish where this process loads from
         super().__init__(stats, device_view=self.device_view, env_overrides={CACHE_KNOB: self.cache_dir}, **options)
-        self._handler = self.executor.on_compile  # one bound method, so it can be removed again
+        self._handler = self.executor.on_miss  # one bound method, so it can be removed again
 
     def _new_executor(self, wait_timeout: float, guard: str) -> CuteExecutor:
         return CuteExecutor(self.pool, self.stats, self.arch, wait_timeout, guard=guard)

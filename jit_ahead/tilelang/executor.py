@@ -24,7 +24,7 @@ class TileLangExecutor(ExecutorBase):
 
     family, dsl = FAMILY, "TileLang"
 
-    def on_compile(self, cache, describe, in_place):
+    def on_miss(self, cache, describe, in_place):
         """The hook's handler. If handling the compile fails, TileLang compiles it in place (the hook logs
         why), unless ``refuse_fallback_if_strict`` refuses it."""
         from tilelang import env

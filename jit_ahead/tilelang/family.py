@@ -39,7 +39,7 @@ class TileLangFamily(Family):
         self.cache_dir = str(env.TILELANG_CACHE_DIR)  # helpers publish where this process loads from
         super().__init__(stats, preload=("tilelang", *(preload or ())), env_overrides={build.CACHE_KNOB: self.cache_dir},
                          **options)
-        self._handler = self.executor.on_compile  # one bound method, so it can be removed again
+        self._handler = self.executor.on_miss  # one bound method, so it can be removed again
 
     def start(self) -> None:
         super().start()

@@ -37,7 +37,7 @@ def build(request: ToyRequest) -> dict:  # the builder helpers import calls this
 class ToyExecutor(ExecutorBase):
     family, dsl = INFO.name, "the toy DSL"
 
-    def on_call(self, kernel: str, spec: str) -> str:
+    def on_miss(self, kernel: str, spec: str) -> str:
         """The DSL's hook: load the built file, wait for the helper building it, or build it here."""
         request = ToyRequest(kernel, spec)
         return self.serve_miss(request, built=request.is_built(), load=dsl.path_of(kernel, spec).read_text,
@@ -53,10 +53,10 @@ class ToyFamily(Family):
                          **options)
 
     def _install_hooks(self) -> None:
-        dsl.handler = self.executor.on_call
+        dsl.handler = self.executor.on_miss
 
     def _remove_hooks(self) -> None:
-        if dsl.handler == self.executor.on_call:
+        if dsl.handler == self.executor.on_miss:
             dsl.handler = None
 
     def record_format(self) -> RecordFormat:
