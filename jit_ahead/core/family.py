@@ -27,20 +27,24 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .observing import events
 from . import knobs as core_knobs
-from .device_view import DeviceView, ViewOnDemand
-from .observing.own_cpu import OwnThread
+from .building.executor import ExecutorBase
 from .building.pool import FamilySpec, HelperPool
+from .device_view import DeviceView, ViewOnDemand
+from .observing import events
+from .observing.own_cpu import OwnThread
 from .priority import Priority
 from .records import KNOB as RECORD_KNOB
-from .records import RecordFolder, RecordFormat, record_folder, recording_enabled
+from .records import RecordFolder, RecordFormat, dataclass_format, record_folder, recording_enabled
+from .requests import VariantBase
 
 if TYPE_CHECKING:
-    from .building.executor import ExecutorBase
-    from .observing.stats import Stats
     from .building.table import Ticket
+    from .observing.stats import Stats
     from .requests import Variant
+
+# What a family's code imports, from this one module (``docs/families.md``: how to add a family).
+__all__ = ["DeviceView", "ExecutorBase", "Family", "FamilySpec", "RecordFormat", "VariantBase", "dataclass_format"]
 
 log = logging.getLogger("jit_ahead.family")
 

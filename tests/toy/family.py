@@ -5,12 +5,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from jit_ahead.core.device_view import DeviceView
-from jit_ahead.core.building.executor import ExecutorBase
-from jit_ahead.core.family import Family
-from jit_ahead.core.building.pool import FamilySpec
-from jit_ahead.core.records import RecordFormat, dataclass_format
-from jit_ahead.core.requests import VariantBase
+from jit_ahead.core.family import (DeviceView, ExecutorBase, Family, FamilySpec, RecordFormat, VariantBase,
+                                   dataclass_format)
 
 from . import INFO, dsl
 
