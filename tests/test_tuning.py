@@ -369,14 +369,14 @@ def test_mark_serving_tunes_ahead_unless_the_knob_or_the_caller_says_not(session
     assert calls == [] and session.phase == "serving"
     for value, expected in (("1", 1), ("yes please", 1)):  # a bad value: one line, the default (on)
         other = session_factory(workers=0)
-        monkeypatch.setattr(other.triton, "tune_ahead", lambda budget=None: calls.append(budget) or {})
+        monkeypatch.setattr(other.families["triton"], "tune_ahead", lambda budget=None: calls.append(budget) or {})
         monkeypatch.setenv("JIT_AHEAD_TUNE_AHEAD", value)
         other.mark_serving()
         assert len(calls) == expected
         calls.clear()
     assert "JIT_AHEAD_TUNE_AHEAD='yes please' is not one of 1|0|on|off; using 1" in caplog.text
     quiet = session_factory(workers=0)
-    monkeypatch.setattr(quiet.triton, "tune_ahead", lambda budget=None: calls.append(budget) or {})
+    monkeypatch.setattr(quiet.families["triton"], "tune_ahead", lambda budget=None: calls.append(budget) or {})
     quiet.mark_serving(tune_ahead=False)  # as the JIT_AHEAD_WARMUP_S timer calls it
     assert calls == []
 
