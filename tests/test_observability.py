@@ -32,6 +32,9 @@ def serve(session):
 
 
 def planned_session(monkeypatch, **env):
+    # no helper keeps building once serving starts (serve() waits for the one helper to retire): else, on a
+    # machine whose default keeps one, its slot and the urgent slot race for an urgent build
+    env.setdefault("JIT_AHEAD_SERVING_WORKERS", "0")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     session = Session(triton={"workers": 1}).start()
