@@ -1,8 +1,10 @@
 """The executor side: what an in-memory miss does before Triton's own ``compile()`` runs.
 
-On disk: nothing to do, Triton loads it. Otherwise the core decides: wait for the helper that builds it
-(raised to URGENT), or build it in place on this thread, whichever is faster by measurement; a helper that
-dies releases its claim and the launch builds in place at once. A miss of one config of an autotuned
+The hook's call becomes a request whose disk hash is predicted (``request.py``); the cache check says whether
+that entry is there, intact. Then the shared miss path (``ExecutorBase.serve_miss``): on disk, nothing to
+do, Triton loads it; otherwise the guard, and the pool's answer: wait for the helper that builds it (raised
+to URGENT), or build it in place on this thread, whichever is faster by measurement; a helper that dies
+releases its claim and the launch builds in place at once. A miss of one config of an autotuned
 launch raises the planned configs of that launch with it: the autotuner benchmarks them next. Either way
 Triton then loads the finished entry from disk. Failures fall back to Triton's normal in-place compile.
 """
