@@ -50,10 +50,6 @@ class TritonExecutor(ExecutorBase):
         # variant -> the autotuned launches (their variants, in config order) it was planned in
         self._autotune_groups: dict[str, list[tuple[str, ...]]] = defaultdict(list)
 
-    @staticmethod
-    def key_of(request) -> str:
-        return request.predicted_hash
-
     def _take_new(self, request) -> bool:
         # one variant per specialization of a kernel: what ``explain`` compares an unplanned one against
         variants = self._specializations[kernel_of(request)]
