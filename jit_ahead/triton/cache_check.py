@@ -34,14 +34,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 import uuid
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager
 
 from ..core.processes import fork_safe_lock
-from ..core.building.shared_files import open_regular, remove_entry
+from ..core.building.shared_files import Unusable, read_json, remove_entry, write_json
 from ..core.building.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
 
@@ -200,22 +199,8 @@ def write_manifest(predicted_hash: str, kernel_name: str) -> bool:
     if not paths:
         return False
     manifest = {name: [os.path.getsize(path), _digest(path)] for name, path in paths.items()}
-    _write_json(folder, MANIFEST, manifest, sort_keys=True)
+    write_json(folder, MANIFEST, manifest, sort_keys=True)
     return True
-
-
-def _write_json(folder: str, name: str, data, **dump_options) -> None:
-    """``data`` as ``folder/name``, written aside and moved in place: a reader sees the old file or the
-    whole new one. Raises OSError where it cannot be written (nothing is left aside)."""
-    fd, aside = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, **dump_options)
-        os.replace(aside, os.path.join(folder, name))
-    except BaseException:
-        if os.path.exists(aside):
-            os.unlink(aside)
-        raise
 
 
 def remove(predicted_hash: str) -> None:
@@ -253,22 +238,19 @@ def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | 
     process: the save that replaces it reads it again quietly)."""
     path = os.path.join(root, CHECKED)
     try:
-        with open_regular(path) as f:  # a FIFO there would block the read
-            raw = f.read(MAX_CHECKED_BYTES + 1)
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
+        data = read_json(path, MAX_CHECKED_BYTES)
+        return _checked_entries(root, data) if data is not None else {}
+    except Unusable as exc:
         if report:
-            log.warning("triton: %s cannot be read (%s); its entries are checked in full", path, exc)
+            log.warning("triton: %s %s (%s); ignored, its entries are checked in full%s", path,
+                        "is damaged" if exc.damaged else "cannot be read", exc,
+                        " and it is written again" if exc.damaged else "")
         return {}
-    except UnicodeDecodeError:
-        raw = None
+
+
+def _checked_entries(root: str, data) -> dict[tuple[str, str, int | None], tuple]:
+    """A CHECKED file's entries; Unusable where it has another shape."""
     try:
-        if raw is None:
-            raise ValueError("not UTF-8 text")
-        if len(raw) > MAX_CHECKED_BYTES:
-            raise ValueError(f"larger than {MAX_CHECKED_BYTES >> 20} MiB")
-        data = json.loads(raw)
         if not isinstance(data, dict) or data.get("jit_ahead_checked") != 1:
             raise ValueError("not a list of checked entries")
         out = {}
@@ -280,11 +262,8 @@ def _load_checked(root: str, report: bool = True) -> dict[tuple[str, str, int | 
             out[(folder, kernel_name, arch)] = tuple(
                 (os.path.join(folder, file), size, mtime, inode) for file, size, mtime, inode in files)
         return out
-    except Exception as exc:  # noqa: BLE001 - whatever the bytes: ValueError, TypeError, OverflowError, RecursionError
-        if report:
-            log.warning("triton: %s is damaged (%s); ignored, its entries are checked in full and it is written "
-                        "again", path, str(exc) or type(exc).__name__)
-        return {}
+    except Exception as exc:  # noqa: BLE001 - whatever the shape: KeyError, TypeError, ValueError, OverflowError
+        raise Unusable(str(exc) or type(exc).__name__, damaged=True) from None
 
 
 def _plain_name(name: object) -> bool:
@@ -324,6 +303,6 @@ def save_checked() -> None:
                 entries.append([os.path.basename(folder), kernel_name, arch,
                                 [[os.path.basename(path), size, mtime, inode] for path, size, mtime, inode in identity]])
             try:
-                _write_json(root, CHECKED, {"jit_ahead_checked": 1, "entries": entries}, separators=(",", ":"))
+                write_json(root, CHECKED, {"jit_ahead_checked": 1, "entries": entries}, separators=(",", ":"))
             except OSError as exc:
                 log.debug("triton: %s not written (%s)", os.path.join(root, CHECKED), exc)

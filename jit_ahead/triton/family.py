@@ -25,7 +25,8 @@ from ..core.building.table import Ticket
 from ..registry import workers_knob
 from . import autotune, cache_check, hook
 from .executor import TritonExecutor
-from .record import RecordedVariant, compute_installation_key_in_background, record_format
+from .installation_key import compute_installation_key_in_background
+from .record import RecordedVariant, record_format
 from .record import decode_for as decode_record_for
 from .record import encode as encode_record
 from .record import header as record_header
@@ -41,7 +42,7 @@ log = logging.getLogger("jit_ahead.triton")
 
 SPEC = FamilySpec(name=FAMILY, builder="jit_ahead.triton.build", workers_knob=workers_knob(FAMILY),
                   preload_knob="JIT_AHEAD_TRITON_PRELOAD")
-# Triton's installation key is hashed this long after the session starts (record.py): the CPU it takes is
+# Triton's installation key is found this long after the session starts (installation_key.py): the CPU it takes is
 # not spent by short processes, and a server is still building its model then.
 INSTALLATION_KEY_DELAY_S = 1.0
 

@@ -11,48 +11,22 @@ from __future__ import annotations
 
 import re
 import sysconfig
-import threading
 from dataclasses import dataclass
 
 import triton
 
-from ..core.processes import fork_safe_lock
-from ..core.observing.own_cpu import OwnTimer, spent
 from ..core.records import RecordFormat, is_dotted_name
+from .installation_key import installation_key
 from .request import FAMILY, TritonCompileRequest
 from .variant_diff import is_specialization
+
+_HASH = re.compile("[0-9a-f]{64}")
 
 
 def _cache_invalidating_env() -> list[list[str]]:
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     return sorted([k, v] for k, v in get_cache_invalidating_env_vars().items())
-
-
-_key_lock = fork_safe_lock()
-# Triton's own work, which a process without jit_ahead does at its first compile or load: counted apart
-INSTALLATION_KEY = "Triton's installation key (computed without jit_ahead too)"
-_HASH = re.compile("[0-9a-f]{64}")
-
-
-def installation_key() -> str:
-    """Triton's own ``triton_key()`` (a hash of its sources and libraries, memoized by Triton), computed
-    once: a caller arriving while another thread computes it waits for that result."""
-    from triton.runtime.cache import triton_key
-
-    with _key_lock, spent(INSTALLATION_KEY, also_without=True):
-        return triton_key()
-
-
-def compute_installation_key_in_background(delay: float) -> threading.Timer:
-    """Compute ``installation_key()`` in a thread ``delay`` seconds from now: it reads and hashes Triton's
-    whole install, and planning's first step, the plan key, needs it. A server builds its model meanwhile;
-    a process that is gone by then (a script that only imports Triton) never pays for it, and one that
-    plans or replays records sooner computes it there. Cancel the timer to skip it."""
-    timer = OwnTimer(delay, installation_key)
-    timer.name, timer.daemon = "jit_ahead-triton-key", True
-    timer.start()
-    return timer
 
 
 def header(target: tuple[str, int, int]) -> dict:

@@ -18,6 +18,7 @@ monitor raised. Writes vllm_starts.json / .md to --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -106,9 +107,13 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--seqs", type=int, default=256)
     parser.add_argument("--len", dest="max_len", type=int, default=32768)
-    parser.add_argument("--arms", default="plain-cold,jit-cold,jit-warm,plain-warm")
+    parser.add_argument("--arms", default="plain-cold,jit-cold,jit-warm,plain-warm",
+                        help="comma-separated; an arm ending in ':error' or ':warn' runs with vLLM's JIT monitor so")
     parser.add_argument("--monitor", choices=("warn", "error"), default=None)
     parser.add_argument("--arm-timeout", type=float, default=400)
+    parser.add_argument("--state", metavar="FOLDER", default=None,
+                        help="keep the model and the arms' caches in FOLDER, so that a later call on the same warm "
+                             "machine adds arms on them (default: a temporary folder)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -118,10 +123,13 @@ def main() -> int:
     seed = random.randrange(2**31)
     print(f"request seed {seed}", flush=True)
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
+    with (contextlib.nullcontext(args.state) if args.state else tempfile.TemporaryDirectory()) as scratch:
+        os.makedirs(scratch, exist_ok=True)
         model_path = write_model(scratch, args.model, args.max_len)
         folders = {n: os.path.join(scratch, n) for n in ("cache", "cold", "plans", "records", "tuning")}
         for name in args.arms.split(","):
+            name, _, monitor = name.partition(":")
+            monitor = monitor or args.monitor
             env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
                        TRITON_CACHE_DIR=folders["cold" if name == "plain-cold" else "cache"],
                        VLLM_CACHE_ROOT=os.path.join(scratch, "vllm-" + name.split("-")[1]))
@@ -130,7 +138,7 @@ def main() -> int:
                 env.update(JIT_AHEAD="1", JIT_AHEAD_PLAN_DIR=folders["plans"], JIT_AHEAD_RECORD_DIR=folders["records"],
                            JIT_AHEAD_TUNING_DIR=folders["tuning"])
             cmd = [sys.executable, __file__, "--child", model_path, str(seed), "--tokens", str(args.tokens), "--seqs",
-                   str(args.seqs), "--len", str(args.max_len)] + (["--monitor", args.monitor] if args.monitor else [])
+                   str(args.seqs), "--len", str(args.max_len)] + (["--monitor", monitor] if monitor else [])
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.arm_timeout)
@@ -138,7 +146,8 @@ def main() -> int:
                 result = json.loads(line[4:]) if line else {"error": proc.stderr[-3000:]}
             except subprocess.TimeoutExpired:
                 result = {"error": "timed out"}
-            result.update(arm=name, process_s=round(time.perf_counter() - t0, 2))
+            result.update(arm=name + (f" (monitor {monitor})" if monitor else ""),
+                          process_s=round(time.perf_counter() - t0, 2))
             results.append(result)
             print(json.dumps(result), flush=True)
     from importlib.metadata import version

@@ -3,9 +3,11 @@ a record, a DSL's cache entry. Read only if regular and safe; removed so that no
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -22,6 +24,20 @@ def remove_entry(entry: str | Path, aside: str | Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def write_json(folder: str | Path, name: str, data, **dump_options) -> None:
+    """``data`` as ``folder/name``, written aside and moved in place: a reader sees the old file or the
+    whole new one. Raises OSError where it cannot be written (nothing is left aside)."""
+    fd, aside = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, **dump_options)
+        os.replace(aside, os.path.join(folder, name))
+    except BaseException:
+        if os.path.exists(aside):
+            os.unlink(aside)
+        raise
+
+
 def open_regular(path: Path):
     """``path`` opened for reading as text, if it is a regular file: a FIFO or a device in a saved plan's or
     a record's place would block the read (or never end); OSError names what it is instead."""
@@ -36,6 +52,35 @@ def open_regular(path: Path):
     except BaseException:
         os.close(fd)
         raise
+
+
+class Unusable(Exception):
+    """A file that is there but cannot be used; ``damaged``: it was read, and its bytes are not what was
+    written (False: it could not be read at all)."""
+
+    def __init__(self, reason: str, damaged: bool) -> None:
+        super().__init__(reason)
+        self.damaged = damaged
+
+
+def read_json(path: str | Path, max_bytes: int):
+    """The JSON value the regular file ``path`` holds, or None where there is no file; ``Unusable`` says why
+    one that is there cannot be used (unreadable, not UTF-8 text, larger than ``max_bytes``, not JSON)."""
+    try:
+        with open_regular(path) as f:  # a FIFO there would block the read
+            raw = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Unusable(str(exc), damaged=False) from None
+    except UnicodeDecodeError:
+        raise Unusable("not UTF-8 text", damaged=True) from None
+    if len(raw) > max_bytes:
+        raise Unusable(f"larger than {max_bytes >> 20} MiB", damaged=True)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Unusable(str(exc) or type(exc).__name__, damaged=True) from None
 
 
 def unsafe_because(path: Path, st: os.stat_result) -> str | None:
