@@ -37,6 +37,7 @@ from .priority import Priority
 from .records import KNOB as RECORD_KNOB
 from .records import RecordFolder, RecordFormat, dataclass_format, record_folder, recording_enabled
 from .requests import VariantBase
+from .shared_patch import AttributeHook
 
 if TYPE_CHECKING:
     from .building.table import Ticket
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
     from .requests import Variant
 
 # What a family's code imports, from this one module (``docs/families.md``: how to add a family).
-__all__ = ["DeviceView", "ExecutorBase", "Family", "FamilySpec", "RecordFormat", "VariantBase", "dataclass_format"]
+__all__ = ["AttributeHook", "DeviceView", "ExecutorBase", "Family", "FamilySpec", "RecordFormat", "VariantBase",
+           "dataclass_format"]
 
 log = logging.getLogger("jit_ahead.family")
 
@@ -68,6 +70,9 @@ class Family(ABC):
     spec: ClassVar[FamilySpec]  # the pool's builder module and knobs
     executor_class: ClassVar[type[ExecutorBase]]
     record_kinds: ClassVar[tuple[str, ...]] = ("records",)
+    # The DSL's hook, which sends each miss to the executor's ``on_miss``: anything with ``install(handler)``
+    # and ``release(handler)`` (Triton's, the CuTe DSL's and TileLang's hook modules; ``AttributeHook``).
+    hook: ClassVar[Any] = None
     # What a capture finds besides variants, by the attribute it keeps each in (Triton: the variants one
     # autotuned launch benchmarks, and its tuning tasks): planning passes them to ``absorb`` and saved plans
     # keep them, without reading them.
@@ -85,6 +90,8 @@ class Family(ABC):
         self.table = self.pool.table  # what is queued, building and built: the pool's, the executor's too
         self.pool.preload(tuple(preload or ()))
         self.executor = self._new_executor(core_knobs.wait_timeout_s(wait_timeout), core_knobs.guard_mode())
+        # one bound method, so that the hook can release it again (a family without a hook may have none)
+        self._on_miss = getattr(self.executor, "on_miss", None)
         for kind in self.record_kinds:
             setattr(self, kind, None)
         self._records_lock = threading.Lock()
@@ -160,13 +167,15 @@ class Family(ABC):
         """Whether this family opens record folders at start (JIT_AHEAD_RECORD_DIR, by default)."""
         return recording_enabled()
 
-    @abstractmethod
     def _install_hooks(self) -> None:
-        """The DSL's hooks and listeners that send the executor's misses here."""
+        """The DSL's hooks and listeners that send the executor's misses here: by default, ``hook``."""
+        if self.hook is not None:
+            self.hook.install(self._on_miss)
 
-    @abstractmethod
     def _remove_hooks(self) -> None:
         """Undo ``_install_hooks`` and ``_start_recording``: nothing of this family survives its close."""
+        if self.hook is not None:
+            self.hook.release(self._on_miss)
 
     def _start_recording(self) -> None:
         """Where the family learns what to record: by default each variant its executor meets."""

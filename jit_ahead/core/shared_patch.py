@@ -5,7 +5,8 @@ holds it for each capture, without one. The last holder to let go puts the DSL b
 of a closed session stays in the DSL. One handler at a time: the latest holder's."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from .processes import fork_safe_lock
@@ -70,3 +71,34 @@ def swap_out(owner: object, name: str, replacement: object, original: object) ->
     """Put ``original`` back where ``replacement`` still is (one set over it since stays)."""
     if getattr(owner, name) is replacement:
         setattr(owner, name, original)
+
+
+class AttributeHook:
+    """The hook of a DSL that offers a handler slot of its own (``owner.name``, None when unset): a
+    family's ``hook``. ``release`` empties the slot only while it still holds the handler released."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def install(self, handler: Callable) -> None:
+        setattr(self.owner, self.name, handler)
+
+    def release(self, handler: Callable) -> None:
+        if getattr(self.owner, self.name, None) == handler:
+            setattr(self.owner, self.name, None)
+
+
+@contextlib.contextmanager
+def capturing_into(hook, plan: object) -> Iterator[object]:
+    """A capture's hold of a DSL's hook (its module's ``install``/``release``, without a handler), with the
+    hook's ``capturing`` context variable set to ``plan`` in this context: the hook's calls here note what
+    they would compile in ``plan`` instead."""
+    hook.install()
+    try:
+        token = hook.capturing.set(plan)
+        try:
+            yield plan
+        finally:
+            hook.capturing.reset(token)
+    finally:
+        hook.release()

@@ -38,7 +38,7 @@ class CuteFamily(Family):
     class's defaults), and a planner needs nothing of its own (the arch is this family's, the device view
     pinned by the planner)."""
 
-    name, spec, executor_class = FAMILY, SPEC, CuteExecutor
+    name, spec, executor_class, hook = FAMILY, SPEC, CuteExecutor, hook
 
     def __init__(self, stats: Stats, **options) -> None:
         importlib.import_module("cutlass")  # the DSL (jit_ahead[cute-dsl]); without it the family is not available
@@ -46,7 +46,6 @@ class CuteFamily(Family):
         self.arch = arch_of(self.device_view)
         self.cache_dir = str(cache_root())  # helpers publish where this process loads from
         super().__init__(stats, device_view=self.device_view, env_overrides={CACHE_KNOB: self.cache_dir}, **options)
-        self._handler = self.executor.on_miss  # one bound method, so it can be removed again
 
     def _new_executor(self, wait_timeout: float, guard: str) -> CuteExecutor:
         return CuteExecutor(self.pool, self.stats, self.arch, wait_timeout, guard=guard)
@@ -61,11 +60,8 @@ class CuteFamily(Family):
             library_cache.gate_package("quack")
         library_cache.set_recorder(self._record_library_call)
 
-    def _install_hooks(self) -> None:
-        hook.install(self._handler)
-
     def _remove_hooks(self) -> None:
-        hook.release(self._handler)
+        super()._remove_hooks()
         if self._replay_thread is not None:
             library_cache.set_recorder(None)
         library_cache.ungate_all()  # gated for recording, or by a provider for planning

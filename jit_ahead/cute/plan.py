@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 from ..core import device_view
+from ..core.shared_patch import capturing_into
 from . import hook, library_cache
 from .arch import arch_of
 from .call import request_from_call
@@ -49,12 +50,10 @@ def capture(arch: str | None = None) -> Iterator[Capture]:
     made in this context; nothing compiles."""
     plan = Capture(arch or arch_of(device_view.current()))
     t0 = time.perf_counter()
-    hook.install()
-    tokens = hook.capturing.set(plan), library_cache.capturing.set(plan)
-    try:
-        yield plan
-    finally:
-        hook.capturing.reset(tokens[0])
-        library_cache.capturing.reset(tokens[1])
-        plan.seconds += time.perf_counter() - t0
-        hook.release()
+    with capturing_into(hook, plan):
+        token = library_cache.capturing.set(plan)
+        try:
+            yield plan
+        finally:
+            library_cache.capturing.reset(token)
+            plan.seconds += time.perf_counter() - t0

@@ -55,9 +55,6 @@ class DeepGemmFamily(Family):
         log.info("deep_gemm: %d helpers, cache %s", self.pool.workers, disk_cache.cache_roots()[0])
 
     # -- records: the server's own compiles, seen in DeepGEMM's cache --------------------------------------------
-    def _install_hooks(self) -> None:
-        """Nothing to hook: DeepGEMM compiles inside its extension."""
-
     def _remove_hooks(self) -> None:
         if self._replay_thread is not None:  # recording: what DeepGEMM compiled since the start
             self._record_new_entries()

@@ -31,7 +31,7 @@ class TileLangFamily(Family):
     threads of its own, outside any capture: they are not planned (the chosen kernel is, when a provider
     plans the call with its config)."""
 
-    name, spec, executor_class = FAMILY, SPEC, TileLangExecutor
+    name, spec, executor_class, hook = FAMILY, SPEC, TileLangExecutor, hook
 
     def __init__(self, stats: Stats, *, preload: tuple[str, ...] | None = None, **options) -> None:
         from tilelang import env  # the DSL (jit_ahead[tilelang]); without it the family is not available
@@ -39,17 +39,13 @@ class TileLangFamily(Family):
         self.cache_dir = str(env.TILELANG_CACHE_DIR)  # helpers publish where this process loads from
         super().__init__(stats, preload=("tilelang", *(preload or ())), env_overrides={build.CACHE_KNOB: self.cache_dir},
                          **options)
-        self._handler = self.executor.on_miss  # one bound method, so it can be removed again
 
     def start(self) -> None:
         super().start()
         log.info("tilelang: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
-    def _install_hooks(self) -> None:
-        hook.install(self._handler)
-
     def _remove_hooks(self) -> None:
-        hook.release(self._handler)
+        super()._remove_hooks()
         self.executor.recorder = None
 
     def enter_planner(self) -> None:

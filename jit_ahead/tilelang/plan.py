@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ..core.shared_patch import capturing_into
 from . import hook
 from .hook import Captured
 from .request import TileLangCompileRequest
@@ -36,14 +37,8 @@ class Capture:
 def capture(target=None) -> Iterator[Capture]:
     """Record the TileLang compiles of this context as requests; each compile raises ``Captured``.
     ``target`` is unused: a TileLang call names its target, or TileLang resolves its default."""
-    plan = Capture()
-    hook.install()
-    token = hook.capturing.set(plan)
-    try:
+    with capturing_into(hook, Capture()) as plan:
         yield plan
-    finally:
-        hook.capturing.reset(token)
-        hook.release()
 
 
 def plan_call(kernel, *args, **kwargs) -> TileLangCompileRequest:

@@ -48,7 +48,7 @@ INSTALLATION_KEY_DELAY_S = 1.0
 
 
 class TritonFamily(Family):
-    name, spec, executor_class = FAMILY, SPEC, TritonExecutor
+    name, spec, executor_class, hook = FAMILY, SPEC, TritonExecutor, hook
     # records: the variants this process built or loaded, and its autotune choices (per GPU model)
     record_kinds = ("records", "tuning_records")
     extra_kinds = ("autotune_groups", "tuning_tasks")  # what a capture (plan.Capture) finds besides variants
@@ -58,7 +58,6 @@ class TritonFamily(Family):
         self.cache_dir = os.path.abspath(knobs.cache.dir)
         self._view = device_view.ViewOnDemand()  # read when first needed: starting costs no torch import
         super().__init__(stats, device_view=self._view, env_overrides={"TRITON_CACHE_DIR": self.cache_dir}, **options)
-        self._on_miss = self.executor.on_miss  # one bound method, so it can be removed again
         self._plan_decoder = None
         self._tuning_lock = threading.Lock()
         self._closing = False
@@ -95,11 +94,11 @@ class TritonFamily(Family):
 
     def _install_hooks(self) -> None:
         autotune.install_bench_listener(self._on_benchmark)
-        hook.install(self._on_miss)
+        super()._install_hooks()
         self.executor.listen_to_compiles()
 
     def _remove_hooks(self) -> None:
-        hook.release(self._on_miss)
+        super()._remove_hooks()
         autotune.remove_recorder(self._record_choice)
         autotune.keep_every_choice(False)
         autotune.remove_bench_listener(self._on_benchmark)

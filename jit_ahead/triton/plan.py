@@ -28,6 +28,7 @@ from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
 from ..core.processes import fork_safe_lock
+from ..core.shared_patch import capturing_into
 from . import autotune, hook, tuning
 from .request import cache_invalidating_env, request_from_hook
 from .request import TritonCompileRequest
@@ -373,18 +374,12 @@ def capture(target: GPUTarget | None = None) -> Iterator[Capture]:
     with driver_for(target) as target:
         plan = Capture(target)
         t0 = time.perf_counter()
-        hook.install()
-        try:
-            with _capture_patches():
-                token = hook.capturing.set(plan)
-                try:
-                    yield plan
-                finally:
-                    hook.capturing.reset(token)
-                    plan.release()
-                    plan.seconds += time.perf_counter() - t0
-        finally:
-            hook.release()
+        with capturing_into(hook, plan), _capture_patches():
+            try:
+                yield plan
+            finally:
+                plan.release()
+                plan.seconds += time.perf_counter() - t0
 
 
 def plan_launch(kernel, *args, grid=(1,), **kwargs) -> list[TritonCompileRequest]:

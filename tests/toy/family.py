@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from jit_ahead.core.family import (DeviceView, ExecutorBase, Family, FamilySpec, RecordFormat, VariantBase,
-                                   dataclass_format)
+from jit_ahead.core.family import (AttributeHook, DeviceView, ExecutorBase, Family, FamilySpec, RecordFormat,
+                                   VariantBase, dataclass_format)
 
 from . import INFO, dsl
 
@@ -41,19 +41,12 @@ class ToyExecutor(ExecutorBase):
 
 
 class ToyFamily(Family):
-    name, executor_class = INFO.name, ToyExecutor
+    name, executor_class, hook = INFO.name, ToyExecutor, AttributeHook(dsl, "handler")
     spec = FamilySpec(name=INFO.name, builder=__name__, workers_knob="TOY_WORKERS", preload_knob="TOY_PRELOAD")
 
     def __init__(self, stats, **options) -> None:
         super().__init__(stats, device_view=DeviceView.h200(), env_overrides={dsl.CACHE_KNOB: str(dsl.cache_dir())},
                          **options)
-
-    def _install_hooks(self) -> None:
-        dsl.handler = self.executor.on_miss
-
-    def _remove_hooks(self) -> None:
-        if dsl.handler == self.executor.on_miss:
-            dsl.handler = None
 
     def record_format(self) -> RecordFormat:
         return dataclass_format(self.name, {"toy_dsl": 1}, ToyRequest)
