@@ -190,3 +190,20 @@ def test_importing_the_core_imports_no_dsl():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
     assert len(list(CORE.rglob("*.py"))) > 20  # the modules are there to import (in their rooms too)
+
+
+def test_helpers_that_never_start_leave_the_warmup_to_the_waiting_thread(toy, monkeypatch):
+    # Every helper is its own interpreter (JIT_AHEAD_HELPER_START=spawn) and each fails at its start (a
+    # Python home that does not exist: a broken environment); each slot gives up after its retries while the
+    # server waits for its warmup, which is then built on the waiting thread instead of waiting out the
+    # timeout with nothing building it.
+    monkeypatch.setenv("JIT_AHEAD_HELPER_START", "spawn")
+    monkeypatch.setenv("PYTHONHOME", "/nonexistent-python-home")
+    session = toy(workers=1)
+    family = session.families["toy"]
+    with family.capture() as calls:
+        dsl.compile("add", "w1")
+    family.submit(calls, Priority.WARMUP)
+    assert session.wait_ready(timeout=120, priority=Priority.WARMUP)
+    assert dsl.path_of("add", "w1").exists() and dsl.compiled_here == []  # the builder's build, not the DSL's
+    assert not family.pool.may_get_helpers()

@@ -49,6 +49,9 @@ __all__ = ["AttributeHook", "DeviceView", "ExecutorBase", "Family", "FamilySpec"
            "dataclass_format"]
 
 log = logging.getLogger("jit_ahead.family")
+# How often a wait for builds checks that helpers may still come: once every slot gave up, the rest is
+# built on the waiting thread instead of waiting out the timeout.
+HELPERS_RECHECK_S = 1.0
 
 
 class Family(ABC):
@@ -132,12 +135,17 @@ class Family(ABC):
 
     def settle(self, priority: Priority, deadline: float | None) -> bool:
         """Wait until every request up to ``priority`` is built, failed or quarantined, until ``deadline``
-        (``time.monotonic``; None: no limit); with no helpers, they are built here, on the calling thread.
-        True if they all settled in time."""
-        if self.pool.builds_nothing():
-            self.executor.build_queued(priority, deadline)
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return self.table.wait_settled(priority, remaining)
+        (``time.monotonic``; None: no limit); with no helpers (none configured, or every slot gave up, also
+        while this waits), they are built here, on the calling thread. True if they all settled in time."""
+        while True:
+            if self.pool.builds_nothing():
+                self.executor.build_queued(priority, deadline)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            step = HELPERS_RECHECK_S if remaining is None else min(remaining, HELPERS_RECHECK_S)
+            if self.table.wait_settled(priority, step):
+                return True
+            if remaining is not None and remaining <= step:
+                return False
 
     def start_serving(self) -> None:
         """The engine is serving: helpers exit once the queue is empty (JIT_AHEAD_SERVING_WORKERS keep going)."""
