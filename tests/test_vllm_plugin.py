@@ -213,6 +213,71 @@ jit_ahead.stop()
     assert result["warm"] and all(state == "done" for state, _ in result["warm"]), result["warm"]
 
 
+def test_attention_variants_planned_equal_those_vllms_attention_layers_launch(tmp_path):
+    # vLLM's own Attention layers on its Triton backend (a full and a sliding-window one, 3 KV heads: the 3D
+    # threshold moves to a CUDA-graph capture size, as a GPU worker's configuration with full decode graphs
+    # has it), planned through the session as the worker plans them, against a random batch of every size
+    # up to max_num_seqs, decode-only and with prefills of random lengths up to max_num_batched_tokens,
+    # through each layer's own forward in vLLM's forward context, as vLLM's runner sets it up.
+    seed = random.randrange(2**31)
+    code = f"""
+import random
+from vllm.config import CUDAGraphMode, set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from tests.vllm_layers import AttentionRunner, attention_model, moe_model
+moe_model({{}})  # vLLM's configuration context and a one-process distributed group
+TOKENS, SEQS, LENGTH = 16384, 256, 32768
+args = EngineArgs(model={str(tmp_path / "model")!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                  max_num_batched_tokens=TOKENS, max_num_seqs=SEQS, max_model_len=LENGTH, block_size=16)
+config = args.create_engine_config()
+config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+config.compilation_config.cudagraph_capture_sizes = [1, 2, 4] + list(range(8, 257, 8))
+context = set_current_vllm_config(config)  # kept: a context manager collected would leave it
+context.__enter__()
+heads = dict(num_heads=6, head_size=128, scale=128 ** -0.5, num_kv_heads=3)
+model = attention_model(config, {{"full": heads, "window": dict(heads, per_layer_sliding_window=1024)}})
+cpu = attention_model(config, {{"platform": heads}}, triton=False)  # the platform's own backend: not planned
+import jit_ahead
+from jit_ahead.engines.vllm import worker
+from jit_ahead.engines.vllm.limits import limits_from
+from jit_ahead.triton import capture
+session = jit_ahead.current()
+session.plan_model(torch.nn.ModuleDict({{"model": model, "other": cpu}}), limits_from(config),
+                   providers=worker.providers(config))
+assert session.wait_planned(300, priority=None)
+planned = {{r.predicted_hash: r.name for r in session.families["triton"].executor.planned_requests()}}
+rng = random.Random({seed})
+runner = AttentionRunner(config, model)
+draws = [(n, decode) for n in range(1, SEQS + 1) for decode in (True, False)]
+rng.shuffle(draws)
+with capture() as real:
+    for sequences, decode in draws:
+        lens = [1] * sequences
+        if not decode:  # the rest of a random token budget spread at random, one prefill at least
+            for _ in range(rng.randint(sequences + 1, TOKENS) - sequences):
+                lens[rng.randrange(sequences)] += 1
+        runner.step(lens, [rng.randint(q, LENGTH) for q in lens])
+reached = {{r.predicted_hash: r.name for r in real.requests}}
+print("ATTENTION " + json.dumps({{"planned": sorted(planned), "reached": sorted(reached),
+                                 "names": sorted(set(reached.values()))}}))
+jit_ahead.stop()
+"""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
+                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(tmp_path / "model")
+    proc = run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0")
+    result = printed(proc, "ATTENTION")
+    assert result["names"] == ["_compute_slot_mapping_kernel", "kernel_unified_attention", "reduce_segments",
+                               "reshape_and_cache_kernel_flash"], f"seed {seed}"
+    assert len(result["reached"]) > 12  # both layers, both paths, each class of sequence count
+    assert result["planned"] == result["reached"], f"seed {seed}"
+    said = [line for line in proc.stderr.splitlines() if "is not planned" in line]
+    assert len(said) == 1 and "platform" in said[0] and "not vLLM's Triton attention" in said[0], said
+
+
 def test_moe_layers_that_are_not_planned_are_named_once_per_reason(tmp_path):
     # Two layers as vLLM's CPU platform builds them (its CPU MoE kernels, not the Triton experts), and one on
     # the Triton experts whose parallel configuration says 2 data-parallel ranks: its experts would see the
@@ -239,7 +304,7 @@ print("SITES " + json.dumps(len(sites)))
     assert "data parallelism" in said[1]
 
 
-def test_the_worker_plans_the_moe_layers_of_the_model_vllm_builds(tmp_path):
+def test_the_worker_plans_the_moe_and_attention_layers_of_the_model_vllm_builds(tmp_path):
     # vLLM's own model loader builds a Qwen3-MoE model from a local config (meta tensors: no weights); the
     # plugin's hook after it plans the model with the worker's limits, before any weight would load. The
     # MoE backend selection is given the sm_90 GPU's answer (the Triton experts), as in the tests above.
@@ -257,6 +322,8 @@ from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExpert
 from vllm.model_executor.layers.fused_moe.oracle import unquantized
 import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as method_module
 method_module.select_unquantized_moe_backend = lambda moe_config: (unquantized.UnquantizedMoeBackend.TRITON, TritonExperts)
+from vllm.platforms.cpu import CpuPlatform  # the attention backend a GPU worker gets with --attention-backend TRITON_ATTN
+CpuPlatform.get_attn_backend_cls = classmethod(lambda cls, *args, **kwargs: "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend")
 from tests.vllm_layers import moe_model
 moe_model({{}})  # vLLM's configuration context and a one-process distributed group
 from vllm.plugins import load_general_plugins
@@ -280,7 +347,10 @@ jit_ahead.stop()
 """
     proc = run_vllm(code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0")
     name, providers, launches, kernels, variants = printed(proc, "WORKER")
-    assert name == "Qwen3MoeForCausalLM" and providers == ["vllm-fused-moe"]
-    assert launches == 8192  # the worker's max_num_batched_tokens: one distinct MoE layer (both alike), every count
-    assert kernels == ["fused_moe_kernel"] and variants > 10
+    assert name == "Qwen3MoeForCausalLM" and providers == ["vllm-fused-moe", "vllm-triton-attention"]
+    # the worker's max_num_batched_tokens for the one distinct MoE layer (both alike), every count; the one
+    # distinct attention layer's batches
+    assert launches > 8192
+    assert kernels == ["_compute_slot_mapping_kernel", "fused_moe_kernel", "kernel_unified_attention",
+                       "reduce_segments", "reshape_and_cache_kernel_flash"] and variants > 20
     assert "planning it within" in proc.stderr

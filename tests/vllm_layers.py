@@ -65,3 +65,66 @@ def on_triton_experts(model) -> list:
         layer.quant_method.unquantized_backend = UnquantizedMoeBackend.TRITON
         layer.quant_method.experts_cls = TritonExperts
     return experts
+
+
+def attention_model(vllm_config, layers: dict[str, dict], triton: bool = True):
+    """vLLM's ``Attention`` layers (name -> keyword arguments beside the heads), on the Triton attention
+    backend as ``--attention-backend TRITON_ATTN`` gives them on a GPU (``triton=False``: the platform's)."""
+    import torch
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    backend = {"attn_backend": TritonAttentionBackend} if triton else {}
+    with torch.device("meta"):
+        return torch.nn.ModuleDict({name: Attention(cache_config=vllm_config.cache_config, prefix=name, **backend,
+                                                    **kwargs) for name, kwargs in layers.items()})
+
+
+class AttentionRunner:
+    """What vLLM's GPU model runner sets up around attention layers, on meta tensors: a block table per
+    layer (``MultiGroupBlockTable``), vLLM's metadata builder for its KV-cache spec, its KV cache bound to
+    the layer; ``step`` runs one batch through every layer's own ``forward`` in vLLM's forward context."""
+
+    def __init__(self, vllm_config, model, blocks: int = 1000) -> None:
+        import torch
+        from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+        scheduler, meta = vllm_config.scheduler_config, torch.device("meta")
+        self.vllm_config, self.model, self.parts = vllm_config, model, {}
+        for name, layer in model.items():
+            spec = layer.get_kv_cache_spec(vllm_config)
+            table = MultiGroupBlockTable(max_num_reqs=scheduler.max_num_seqs, max_model_len=vllm_config.model_config.max_model_len,
+                                         max_num_batched_tokens=scheduler.max_num_batched_tokens, pin_memory=False,
+                                         device=meta, block_sizes=[spec.block_size], kernel_block_sizes=[spec.block_size])
+            builder = layer.attn_backend.get_builder_cls()(spec, [name], vllm_config, meta)
+            layer.kv_cache = torch.empty(layer.attn_backend.get_kv_cache_shape(
+                blocks, spec.block_size, spec.num_kv_heads, spec.head_size), dtype=spec.dtype, device=meta)
+            # the custom op's own function, which its CUDA kernel is: on meta tensors the op runs its fake
+            layer.use_direct_call = True
+            self.parts[name] = (table, builder)
+
+    def step(self, query_lens: list[int], seq_lens: list[int]) -> None:
+        import torch
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        meta, sequences, tokens = torch.device("meta"), len(query_lens), sum(query_lens)
+        first = next(iter(self.model.values()))
+        heads, kv_heads, head = first.num_heads, first.num_kv_heads, first.head_size
+        qkv = torch.empty(tokens, (heads + 2 * kv_heads) * head, dtype=torch.bfloat16, device=meta)
+        query, key, value = qkv.split([heads * head, kv_heads * head, kv_heads * head], dim=-1)  # as models do
+        starts = torch.zeros(sequences + 1, dtype=torch.int32)
+        starts[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
+        metadata, slots = {}, {}
+        for name, (table, builder) in self.parts.items():
+            starts_gpu = torch.empty(sequences + 1, dtype=torch.int32, device=meta)
+            table.compute_slot_mapping(sequences, starts_gpu, torch.empty(tokens, dtype=torch.int64, device=meta))
+            common = CommonAttentionMetadata(
+                query_start_loc=starts_gpu, query_start_loc_cpu=starts,
+                seq_lens=torch.empty(sequences, dtype=torch.int32, device=meta), num_reqs=sequences,
+                num_actual_tokens=tokens, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+                block_table_tensor=table[0].get_device_tensor(sequences), slot_mapping=table[0].slot_mapping.gpu[:tokens])
+            metadata[name], slots[name] = builder.build(0, common), common.slot_mapping
+        with set_forward_context(metadata, self.vllm_config, num_tokens=tokens, slot_mapping=slots):
+            for layer in self.model.values():
+                layer(query, key, value)

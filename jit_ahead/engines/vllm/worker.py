@@ -111,12 +111,14 @@ def _session():
     return jit_ahead.current()
 
 
-def providers() -> list:
-    """The providers a vLLM model is planned with: those of vLLM's kernel modules. transformers' model
-    planner is not among them: a vLLM forward needs the engine's forward context and CUDA ops."""
+def providers(vllm_config=None) -> list:
+    """The providers a vLLM model is planned with: those of vLLM's kernel modules (``vllm_config``: the
+    worker's; None, the current one). transformers' model planner is not among them: a vLLM forward needs
+    the engine's forward context and CUDA ops."""
+    from ...providers.vllm_attention import VllmTritonAttentionProvider
     from ...providers.vllm_fused_moe import VllmFusedMoEProvider
 
-    return [VllmFusedMoEProvider()]
+    return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config)]
 
 
 def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
@@ -127,7 +129,7 @@ def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
         return
     limits = limits_from(vllm_config)
     log.info("jit_ahead: vLLM built %s; planning it within %s while its weights load", type(model).__name__, limits)
-    session.plan_model(model, limits, providers=providers())
+    session.plan_model(model, limits, providers=providers(vllm_config))
 
 
 def _before_warmup(worker, *args, **kwargs) -> None:
