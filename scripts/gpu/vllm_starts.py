@@ -132,7 +132,8 @@ def main() -> int:
             monitor = monitor or args.monitor
             env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
                        TRITON_CACHE_DIR=folders["cold" if name == "plain-cold" else "cache"],
-                       VLLM_CACHE_ROOT=os.path.join(scratch, "vllm-" + name.split("-")[1]))
+                       # vLLM's own compile cache: empty for each cold arm, that arm's for its warm one
+                       VLLM_CACHE_ROOT=os.path.join(scratch, f"vllm-{name.split('-')[0]}-cold"))
             env.pop("JIT_AHEAD", None)
             if name.startswith("jit"):
                 env.update(JIT_AHEAD="1", JIT_AHEAD_PLAN_DIR=folders["plans"], JIT_AHEAD_RECORD_DIR=folders["records"],
@@ -144,6 +145,9 @@ def main() -> int:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.arm_timeout)
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
                 result = json.loads(line[4:]) if line else {"error": proc.stderr[-3000:]}
+                # jit_ahead's lines (its providers' lines name what they do not plan), whatever vLLM's log format
+                result["log"] = [l for l in proc.stderr.splitlines()
+                                 if any(w in l for w in ("jit_ahead", "not planned", "Traceback"))][-60:]
             except subprocess.TimeoutExpired:
                 result = {"error": "timed out"}
             result.update(arm=name + (f" (monitor {monitor})" if monitor else ""),

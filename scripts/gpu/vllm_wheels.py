@@ -8,7 +8,8 @@ x86-64, then cut them into parts that each fit one device call's carry (64 MiB).
 Packages the image already holds (device KINDS.md's list, with torch 2.11.0, Triton 3.6.0, transformers
 5.17.0) are not fetched; neither are those only other paths use (--skip; by default the video codecs and
 the GPU kernels of other attention backends: the runs use the Triton attention backend). vLLM's own
-wheel loses ``vllm/vllm_flash_attn/`` (FlashAttention, unused with VLLM_ATTENTION_BACKEND=TRITON_ATTN).
+wheel loses FlashAttention's compiled extensions (``vllm/vllm_flash_attn/*.so``: unused with
+VLLM_ATTENTION_BACKEND=TRITON_ATTN; see ``strip_flash_attn``).
 The parts go to --out as ``part-NN`` with ``manifest.json``; ``install_vllm_offline.sh`` joins and
 installs them there once every part has been carried (``run`` with carry ``[".whl-vllm/part-NN"]``).
 """
@@ -46,9 +47,11 @@ setuptools shellingham simplejson six sortedcontainers statsmodels sympy tabulat
 tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio
 torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton typer typing-extensions
 typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
-SKIP = {"torchcodec", "pynvvideocodec", "flashinfer-cubin", "flashinfer-python", "tokenspeed-mla", "humming-kernels",
+# flashinfer-python and apache-tvm-ffi are not skipped: vLLM 0.25's sampler imports FlashInfer's module at
+# its construction, and xgrammar imports tvm_ffi, on every path
+SKIP = {"torchcodec", "pynvvideocodec", "flashinfer-cubin", "tokenspeed-mla", "humming-kernels",
         "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13", "quack-kernels",
-        "tilelang", "apache-tvm-ffi", "fastsafetensors", "nvidia-cudnn-frontend"}
+        "tilelang", "fastsafetensors", "nvidia-cudnn-frontend"}
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + ["manylinux2014_x86_64", "manylinux2010_x86_64",
                                                                  "manylinux1_x86_64", "linux_x86_64"]
 PART_BYTES = 48 << 20  # with the working tree, within one call's 64 MiB carry
@@ -90,17 +93,32 @@ def vllm_requirements(wheel: Path, skip: set[str]) -> list[str]:
     return found
 
 
+FA_INIT = "vllm/vllm_flash_attn/__init__.py"
+FA_CHECK = re.compile(r"\nif not \(FA2_AVAILABLE or FA3_AVAILABLE\):\n    raise ImportError\(.*?\n    \)\n", re.S)
+
+
 def strip_flash_attn(wheel: Path) -> None:
-    """vLLM's wheel, rewritten in place without vllm/vllm_flash_attn/ (and its RECORD lines)."""
+    """vLLM's wheel, rewritten in place without FlashAttention's compiled extensions (``vllm/vllm_flash_attn/
+    *.so``, and their RECORD lines). Its Python files stay: vLLM 0.25 imports them wherever a model module
+    imports ``fa_utils`` (Qwen3's does), whatever the attention backend; its package's check that an
+    extension is there is taken out, so that a call, never an import, fails without one."""
+    def dropped(name: str) -> bool:
+        return name.startswith("vllm/vllm_flash_attn/") and name.endswith(".so")
+
     with tempfile.NamedTemporaryFile(dir=wheel.parent, delete=False) as tmp:
         with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
             for item in src.infolist():
-                if item.filename.startswith("vllm/vllm_flash_attn/"):
+                if dropped(item.filename):
                     continue
                 data = src.read(item.filename)
-                if item.filename.endswith(".dist-info/RECORD"):
+                if item.filename == FA_INIT:
+                    text, found = FA_CHECK.subn("\n", data.decode())
+                    if found != 1:
+                        raise SystemExit(f"{FA_INIT}: its extension check was not found; look at it again")
+                    data = text.encode()
+                if item.filename.endswith(".dist-info/RECORD"):  # the changed file's line goes too
                     data = "".join(l for l in data.decode().splitlines(True)
-                                   if not l.startswith("vllm/vllm_flash_attn/")).encode()
+                                   if not (dropped(l.split(",")[0]) or l.startswith(FA_INIT + ","))).encode()
                 dst.writestr(item, data)
     os.replace(tmp.name, wheel)
 
