@@ -56,6 +56,21 @@ class Provider(ABC):
         return Claims()
 
 
+def distinct_sites(found: Iterable[tuple[str, object]], what: str, log) -> list:
+    """One site per ``form`` among ``found`` (pairs of a layer's name and its site, or the reason it is not
+    planned); each reason is one warning on ``log``, naming the first layer it applies to."""
+    distinct: dict[tuple, object] = {}
+    skipped: dict[str, str] = {}
+    for name, site in found:
+        if isinstance(site, str):
+            skipped.setdefault(site, name)
+        else:
+            distinct.setdefault(site.form, site)
+    for why, name in skipped.items():
+        log.warning("%s: %s is not planned (%s); its kernels compile where they are launched", what, name, why)
+    return list(distinct.values())
+
+
 def imported(module: str):
     """``module`` if this process has imported it, else None. A model holding a library's layers has
     imported the module that defines them; looking for them must not import the library (seconds, and

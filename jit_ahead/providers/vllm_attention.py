@@ -34,7 +34,7 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, imported
+from .base import PlannedLaunch, Provider, distinct_sites, imported
 
 log = logging.getLogger("jit_ahead.providers.vllm")
 
@@ -80,6 +80,20 @@ def _why_not_planned(layer, spec) -> str | None:
     return None
 
 
+def _site(name: str, layer, vllm_config) -> AttentionSite | str:
+    """The layer's site, or why it is not planned."""
+    if getattr(layer, "attn_type", "decoder") != "decoder":
+        return "it is encoder attention"
+    spec = layer.get_kv_cache_spec(vllm_config)
+    why = _why_not_planned(layer, spec)
+    if why is not None:
+        return why
+    scales = tuple((attr, tuple(getattr(layer, attr).shape), getattr(layer, attr).dtype)
+                   for attr in ("_q_scale", "_k_scale", "_v_scale") if hasattr(layer, attr))
+    return AttentionSite(name, layer.impl, layer.attn_backend, spec, vllm_config, vllm_config.model_config.dtype,
+                         scales, bool(getattr(layer, "mm_prefix_clamp_sliding_window", False)))
+
+
 class VllmTritonAttentionProvider(Provider):
     name = "vllm-triton-attention"
     library = "vllm"
@@ -100,27 +114,8 @@ class VllmTritonAttentionProvider(Provider):
             from vllm.config import get_current_vllm_config
 
             vllm_config = get_current_vllm_config()
-        distinct: dict[tuple, AttentionSite] = {}
-        skipped: dict[str, str] = {}
-        for name, layer in model.named_modules():
-            if not isinstance(layer, attention.Attention):
-                continue
-            decoder = getattr(layer, "attn_type", "decoder") == "decoder"
-            spec = layer.get_kv_cache_spec(vllm_config) if decoder else None
-            why = _why_not_planned(layer, spec) if decoder else "it is encoder attention"
-            if why is not None:
-                skipped.setdefault(why, name)
-                continue
-            scales = tuple((attr, tuple(getattr(layer, attr).shape), getattr(layer, attr).dtype)
-                           for attr in ("_q_scale", "_k_scale", "_v_scale") if hasattr(layer, attr))
-            site = AttentionSite(name, layer.impl, layer.attn_backend, spec, vllm_config,
-                                 vllm_config.model_config.dtype, scales,
-                                 bool(getattr(layer, "mm_prefix_clamp_sliding_window", False)))
-            distinct.setdefault(site.form, site)
-        for why, name in skipped.items():
-            log.warning("vllm attention: %s is not planned (%s); its kernels compile where they are launched",
-                        name, why)
-        return list(distinct.values())
+        return distinct_sites(((name, _site(name, layer, vllm_config)) for name, layer in model.named_modules()
+                               if isinstance(layer, attention.Attention)), "vllm attention", log)
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterator[PlannedLaunch]:
         captured = set(limits.extra.get("vllm", {}).get("cudagraph_capture_sizes", ())) | set(

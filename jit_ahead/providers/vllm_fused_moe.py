@@ -36,7 +36,7 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, imported, warmup_token_counts
+from .base import PlannedLaunch, Provider, distinct_sites, imported, warmup_token_counts
 from .thread_patch import patched_in_this_thread
 
 log = logging.getLogger("jit_ahead.providers.vllm")
@@ -115,6 +115,16 @@ def _why_not_planned(module, method) -> str | None:
     return None
 
 
+def _site(name: str, module, method) -> MoESite | str:
+    """The layer's site, or why it is not planned."""
+    why = _why_not_planned(module, method)
+    if why is not None:
+        return why
+    return MoESite(name, method, method.get_fused_moe_quant_config(module), module._expert_routing_tables(),
+                   WeightSpec.of(module.w13_weight), WeightSpec.of(module.w2_weight), module.activation,
+                   int(module.global_num_experts), bool(module.apply_router_weight_on_input))
+
+
 class VllmFusedMoEProvider(Provider):
     name = "vllm-fused-moe"
     library = "vllm"
@@ -123,21 +133,8 @@ class VllmFusedMoEProvider(Provider):
                             "planned at WARMUP"}
 
     def find_layers(self, model) -> list:
-        distinct: dict[tuple, MoESite] = {}
-        skipped: dict[str, str] = {}
-        for name, module, method in _moe_layers(model):
-            why = _why_not_planned(module, method)
-            if why is not None:
-                skipped.setdefault(why, name)
-                continue
-            site = MoESite(name, method, method.get_fused_moe_quant_config(module), module._expert_routing_tables(),
-                           WeightSpec.of(module.w13_weight), WeightSpec.of(module.w2_weight), module.activation,
-                           int(module.global_num_experts), bool(module.apply_router_weight_on_input))
-            distinct.setdefault(site.form, site)
-        for why, name in skipped.items():
-            log.warning("vllm fused MoE: %s is not planned (%s); its kernels compile where they are launched",
-                        name, why)
-        return list(distinct.values())
+        return distinct_sites(((name, _site(name, module, method)) for name, module, method in _moe_layers(model)),
+                              "vllm fused MoE", log)
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterator[PlannedLaunch]:
         # vLLM's warmup: every CUDA-graph capture size (up to twice max_num_seqs, not only the batch sizes)
