@@ -11,7 +11,7 @@ Arms: plain-cold (empty Triton cache), jit-cold (empty cache, plans and records)
 plain-warm (the cache jit-cold left). Reported per arm: seconds to ``LLM`` returned (ready), Triton
 compiles during the start and after ready (those missing the disk cache, and those loaded from it),
 the kernels compiled after ready, the mix's wall seconds, and with ``--monitor error`` whether vLLM's JIT
-monitor raised. Writes vllm_starts.json / .md to --out.
+monitor raised. Writes vllm_starts.json / .md to --out, and each arm's log (armN-NAME.log).
 
     python scripts/gpu/vllm_starts.py --out $OUT/vllm [--model qwen3] [--tokens 8192] [--seqs 256] [--len 32768]
 """
@@ -127,7 +127,7 @@ def main() -> int:
         os.makedirs(scratch, exist_ok=True)
         model_path = write_model(scratch, args.model, args.max_len)
         folders = {n: os.path.join(scratch, n) for n in ("cache", "cold", "plans", "records", "tuning")}
-        for name in args.arms.split(","):
+        for index, name in enumerate(args.arms.split(",")):
             name, _, monitor = name.partition(":")
             monitor = monitor or args.monitor
             env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
@@ -144,10 +144,16 @@ def main() -> int:
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.arm_timeout)
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("ARM ")), None)
+                if args.out:  # the arm's whole log, the end of it where it is long (one file per arm comes back)
+                    os.makedirs(args.out, exist_ok=True)
+                    with open(os.path.join(args.out, f"arm{index}-{name}.log"), "w") as f:
+                        f.write(proc.stderr[-4_000_000:])
                 result = json.loads(line[4:]) if line else {"error": proc.stderr[-3000:]}
-                # jit_ahead's lines (its providers' lines name what they do not plan), whatever vLLM's log format
+                # jit_ahead's lines (planning's and its providers': what failed, what is not planned), whatever vLLM's
+                # log format
                 result["log"] = [l for l in proc.stderr.splitlines()
-                                 if any(w in l for w in ("jit_ahead", "not planned", "Traceback"))][-60:]
+                                 if any(w in l for w in ("jit_ahead", "not planned", "planning", "provider ",
+                                                         "Traceback"))][-80:]
             except subprocess.TimeoutExpired:
                 result = {"error": "timed out"}
             result.update(arm=name + (f" (monitor {monitor})" if monitor else ""),
