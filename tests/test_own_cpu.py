@@ -71,7 +71,8 @@ def test_the_stats_log_the_summary_and_the_report_say_jit_aheads_own_cpu(monkeyp
     assert own["own_s"] > 0 and "session start" in own["by_where"]
     assert any(where.startswith("jit_ahead-triton-slot") for where in own["by_where"])  # the pool's slot threads
     summary = next(e for e in events if e["event"] == "summary")
-    assert summary["own CPU seconds in this process"] >= own["own_s"]
+    # later, so no less; the summary gives hundredths (rounding keeps the order, not the last digit)
+    assert summary["own CPU seconds in this process"] >= round(own["own_s"], 2)
     with open(path, "a") as f:  # a line edited by hand: not figures, left out of the report
         f.write(json.dumps({**own, "own_s": "lots", "time": own["time"] + 1}) + "\n")
     assert main(["report", str(path)]) == 0
