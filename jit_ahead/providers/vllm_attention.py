@@ -184,10 +184,7 @@ def _kv_cache(site: AttentionSite, kernel_block: int, blocks: int = 64) -> torch
     spec, backend = site.spec, site.backend
     shape = backend.get_kv_cache_shape(blocks, kernel_block, spec.num_kv_heads, spec.head_size,
                                        cache_dtype_str=site.impl.kv_cache_dtype)
-    try:
-        order = backend.get_kv_cache_stride_order()
-    except (AttributeError, NotImplementedError):
-        order = tuple(range(len(shape)))
+    order = backend.get_kv_cache_stride_order()  # the Triton backend's (the only one planned): NHD or HND
     stored = torch.empty(tuple(shape[i] for i in order), dtype=spec.dtype, device="meta")
     return stored.permute(*[order.index(i) for i in range(len(order))])
 
