@@ -420,7 +420,7 @@ def test_a_launch_site_does_not_depend_on_a_probe_in_another_thread():
     import threading
 
     from jit_ahead.providers import fla
-    from jit_ahead.providers.thread_patch import patched_in_this_thread
+    from jit_ahead.core.thread_patch import patched_in_this_thread
     from jit_ahead.triton.launch_trace import traced
 
     model = demo_models.fla_gated_deltanet(layers=1)

@@ -2,7 +2,7 @@
 import threading
 import types
 
-from jit_ahead.providers.thread_patch import patched_in_this_thread
+from jit_ahead.core.thread_patch import patched_in_this_thread
 
 
 def _library():

@@ -20,7 +20,7 @@ from jit_ahead.core.building.table import State
 from jit_ahead.providers.tilelang_calls import TileLangTokenCalls
 from jit_ahead.report import analyse, read_events
 from jit_ahead.tilelang import build, hook
-from jit_ahead.tilelang.plan import capture, plan_call
+from jit_ahead.tilelang.plan import calls_go_on, capture, plan_call
 from jit_ahead.tilelang.request import legal_out_idx
 
 from .conftest import REPO, without_jit_ahead
@@ -130,6 +130,34 @@ def test_a_planned_key_is_the_key_tilelang_files_its_own_compile_under():
     from tilelang.cache.kernel_cache import KernelCache
 
     assert KernelCache.cached is hook._original_cached  # the last holder put TileLang's own back
+
+
+def test_a_library_op_goes_on_past_each_captured_kernel_and_a_kernel_met_before_is_not_elaborated_again(
+        monkeypatch):
+    def op(x, n_splits):  # a library op of two kernels, launched on its own buffers (vLLM's mHC ops are such)
+        scale_rows(256)(x)
+        split_row_sums(256, n_splits)(x)
+        return x.sum()
+
+    x = torch.empty(8, 256, dtype=torch.float16, device="meta")
+    with capture() as alone:  # a capture alone: the op stops at its first kernel
+        with pytest.raises(hook.Captured):
+            op(x, 2)
+    assert [r.qualname for r in alone.requests] == ["scale_rows"]
+
+    elaborated = []
+    with capture() as plan, calls_go_on():
+        original = hook._original_compile
+        monkeypatch.setattr(hook, "_original_compile", lambda impl, *a, **k: (elaborated.append(a),
+                                                                               original(impl, *a, **k))[1])
+        for rows, n_splits in ((8, 2), (64, 2), (8, 4)):
+            op(torch.empty(rows, 256, dtype=torch.float16, device="meta"), n_splits)
+    assert [r.qualname for r in plan.requests] == ["scale_rows", "split_row_sums", "split_row_sums"]
+    assert elaborated == [(256,), (256, 2), (256, 4)]  # the second op's calls were met before
+    assert not entries()  # nothing was lowered or built
+    with capture() as again, pytest.raises(hook.Captured):  # and nothing was kept in the kernels' caches
+        op(x, 2)
+    assert [r.qualname for r in again.requests] == ["scale_rows"]
 
 
 FRESH_SERVER = """

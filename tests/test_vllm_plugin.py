@@ -354,3 +354,88 @@ jit_ahead.stop()
     assert kernels == ["_compute_slot_mapping_kernel", "fused_moe_kernel", "kernel_unified_attention",
                        "reduce_segments", "reshape_and_cache_kernel_flash"] and variants > 20
     assert "planning it within" in proc.stderr
+
+
+MHC_CASE = """
+import random, time
+from tests.vllm_layers import deepseek_v4_model, moe_model, tilelang_kernels_for_gpu
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+moe_model({{}})  # vLLM's configuration context and a one-process distributed group
+config = EngineArgs(model={model!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                    max_num_batched_tokens={tokens}, max_num_seqs=256, max_model_len=32768).create_engine_config()
+context = set_current_vllm_config(config)  # kept: a context manager collected would leave it
+context.__enter__()
+import jit_ahead
+session = jit_ahead.current()
+tilelang_kernels_for_gpu()
+import vllm.utils.deep_gemm as deep_gemm
+deep_gemm.is_deep_gemm_supported = lambda: {deep_gemm}  # as on an sm_90 server with DeepGEMM installed, or not
+model = deepseek_v4_model(config)
+from jit_ahead.engines.vllm import worker
+from jit_ahead.engines.vllm.limits import limits_from
+session.plan_model(model, limits_from(config), providers=worker.providers(config))
+assert session.wait_planned(300, priority=None)
+planned = session.families["tilelang"].executor.planned_requests()
+# What vLLM's own forward reaches, on the GPU the planners see; DeepGEMM's pre-norm GEMM (its own JIT kernel,
+# another family's) does nothing.
+import torch
+from jit_ahead.core import device_view
+from jit_ahead.tilelang.plan import Captured, calls_go_on, capture
+from tilelang.jit import JITImpl
+device_view.pin(device_view.current())
+deep_gemm.tf32_hc_prenorm_gemm = lambda *args, **kwargs: None
+def forward(tokens):
+    ids = torch.zeros(tokens, dtype=torch.long, device="meta")
+    model(ids, ids, None)
+# every token count, each kernel elaborated once
+with capture() as swept, calls_go_on():
+    for tokens in range(1, {tokens} + 1):
+        forward(tokens)
+# random counts, each in a capture of its own, every kernel call going on past its capture (TileLang's own
+# __call__, nothing skipped)
+original = JITImpl.__call__
+def going_on(kernel, *args, **kwargs):
+    try:
+        return original(kernel, *args, **kwargs)
+    except Captured:
+        return None
+JITImpl.__call__ = going_on
+rng = random.Random({seed})
+counts = sorted({{rng.randint(1, {tokens}) for _ in range(12)}} | {{1, {tokens}}})
+reached = set()
+for tokens in counts:
+    with capture() as real:
+        forward(tokens)
+    reached |= {{r.key for r in real.requests}}
+JITImpl.__call__ = original
+print("MHC " + json.dumps({{"planned": sorted(r.key for r in planned), "swept": sorted(r.key for r in swept.requests),
+                           "reached": sorted(reached), "names": sorted({{r.qualname for r in planned}})}}))
+jit_ahead.stop()
+"""
+
+
+@pytest.mark.parametrize("hidden,tokens,deep_gemm", [(7168, 16384, True), (4096, 8192, False)])
+def test_mhc_variants_planned_equal_those_vllms_deepseek_v4_forward_reaches(tmp_path, hidden, tokens, deep_gemm):
+    # vLLM's NVIDIA DeepSeek-V4 model (its mHC parameters, norms and forward; attention and MoE return their
+    # input), planned through the session as the worker plans it, against the model's own forward at every
+    # token count up to max_num_batched_tokens, and at random counts each captured alone. The split counts
+    # follow the H200's 132 SMs, with DeepGEMM's pre-norm GEMM (split-k) or TileLang's (no split).
+    from vllm.transformers_utils.configs.deepseek_v4 import DeepseekV4Config
+
+    config = DeepseekV4Config(hidden_size=hidden, hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20, rms_norm_eps=1e-6,
+                              num_hidden_layers=2, vocab_size=1024, index_topk=64)
+    config.architectures = ["DeepseekV4ForCausalLM"]
+    config.save_pretrained(tmp_path / "model")
+    seed = random.randrange(2**31)
+    code = MHC_CASE.format(model=str(tmp_path / "model"), tokens=tokens, deep_gemm=deep_gemm, seed=seed)
+    proc = run_vllm(code, tmp_path, JIT_AHEAD_FAMILIES="triton,tilelang", JIT_AHEAD_TILELANG_WORKERS="0",
+                    JIT_AHEAD_TRITON_WORKERS="0")
+    result = printed(proc, "MHC")
+    prenorm_gemm = [] if deep_gemm else ["hc_prenorm_gemm_block_m_tilelang", "hc_prenorm_gemm_tilelang"]
+    assert result["names"] == sorted(["hc_head_fuse_tilelang", "mhc_fused_tilelang", "mhc_post_tilelang",
+                                      "mhc_pre_big_fuse_with_norm_tilelang", *prenorm_gemm])
+    assert result["planned"] == result["swept"], f"seed {seed}"
+    assert set(result["reached"]) <= set(result["planned"]), f"seed {seed}"
+    if deep_gemm:  # one big-fuse kernel per split count the token counts reach on 132 SMs
+        assert len(result["planned"]) > 20

@@ -128,3 +128,63 @@ class AttentionRunner:
         with set_forward_context(metadata, self.vllm_config, num_tokens=tokens, slot_mapping=slots):
             for layer in self.model.values():
                 layer(query, key, value)
+
+
+def tilelang_kernels_for_gpu():
+    """vLLM's TileLang kernel module as a CUDA worker imports it. It picks TileLang, its pass configs and
+    PDL from the platform at import, and vLLM's CPU platform gives it none of them: it is imported under a
+    platform that answers as the device view's GPU does (the session installs the view: an H200 on a
+    CPU-only machine), then the CPU platform is put back for everything else."""
+    import torch
+    import vllm.platforms
+    from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+
+    class ViewedCuda(Platform):
+        _enum = PlatformEnum.CUDA
+        device_name = device_type = "cuda"
+
+        @classmethod
+        def get_device_capability(cls, device_id=0):
+            return DeviceCapability(*torch.cuda.get_device_capability(device_id))
+
+        @classmethod
+        def is_arch_support_pdl(cls):  # CudaPlatform's own test
+            return torch.cuda.get_device_capability(0)[0] >= 9
+
+    cpu = vllm.platforms._current_platform
+    vllm.platforms._current_platform = ViewedCuda()
+    try:
+        import vllm.model_executor.kernels.mhc.tilelang_kernels as kernels
+    finally:
+        vllm.platforms._current_platform = cpu
+    return kernels
+
+
+def deepseek_v4_model(vllm_config):
+    """vLLM's NVIDIA ``DeepseekV4Model`` on meta tensors, built as its loader builds it (the model's default
+    dtype, the configuration current). Its attention and MoE (sparse-MLA and DeepGEMM/FlashInfer paths: no
+    CPU build) become modules that return their input, the shape theirs return; its three auxiliary CUDA
+    streams are None. Everything of mHC, the layers' parameters, norms and the forward, is vLLM's."""
+    import torch
+    import vllm.models.deepseek_v4.nvidia.model as dsv4
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    class Attention(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+        def forward(self, positions, x, _):
+            return x
+
+    class MoE(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+        def forward(self, x, input_ids):
+            return x
+
+    dsv4._select_dsv4_attn_cls = lambda config: Attention
+    dsv4.DeepseekV4MoE = MoE
+    torch.cuda.Stream = lambda *args, **kwargs: None
+    with set_default_torch_dtype(vllm_config.model_config.dtype), torch.device("meta"):
+        return dsv4.DeepseekV4Model(vllm_config=vllm_config, prefix="model")

@@ -85,6 +85,16 @@ def warmup_token_counts(limits: EngineLimits) -> set[int]:
     return {*limits.cuda_graph_batch_sizes, min(limits.max_num_tokens, limits.max_seq_len)}
 
 
+def token_counts(limits: EngineLimits, warmup: Iterable[int] = ()) -> list[tuple[int, Priority]]:
+    """Every token count from 1 to ``max_num_tokens`` with its priority, the warmup's first: WARMUP for
+    ``warmup_token_counts`` and the counts in ``warmup`` (an engine's own warmup sizes), else BACKGROUND.
+    For kernels whose variants follow the token count through an engine's or a library's own choices
+    (tuned configs, split counts): no smaller set of counts is exact for every GPU."""
+    warm = {*warmup_token_counts(limits), *warmup}
+    counts = sorted(range(1, limits.max_num_tokens + 1), key=lambda n: n not in warm)
+    return [(n, Priority.WARMUP if n in warm else Priority.BACKGROUND) for n in counts]
+
+
 def warmup_shapes(limits: EngineLimits) -> list[tuple[int, int]]:
     """The (batch, tokens per sequence) shapes of an engine's warmup within the limits (``is_warmup_shape``):
     the full-length prefill, then one token at each CUDA-graph batch size."""

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 
 from ..core.processes import fork_safe_lock
-from .thread_patch import set_in_this_thread
+from ..core.thread_patch import set_in_this_thread
 
 _GATE = "supported_devices"  # the closure variable of transformers' wrapped functions
 _planning = threading.local()

@@ -38,7 +38,7 @@ from ..core.priority import Priority
 from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_shapes, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,
                    probe)
-from .thread_patch import patched_in_this_thread
+from ..core.thread_patch import patched_in_this_thread
 
 log = logging.getLogger("jit_ahead.providers.liger")
 

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core.processes import fork_safe_lock
-from .thread_patch import patched_in_this_thread, set_in_this_thread
+from ..core.thread_patch import patched_in_this_thread, set_in_this_thread
 
 
 def meta_replica(module: torch.nn.Module, copies: dict[int, torch.nn.Module] | None = None) -> torch.nn.Module:

@@ -16,8 +16,7 @@ from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 
 from ..core.planning.limits import EngineLimits
-from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, warmup_token_counts
+from .base import PlannedLaunch, Provider, token_counts
 
 Call = tuple  # (kernel, args tuple, kwargs dict): one TileLang kernel call
 
@@ -33,12 +32,10 @@ class TileLangTokenCalls(Provider):
     def launches(self, layers: list, limits: EngineLimits) -> Iterator[PlannedLaunch]:
         from ..tilelang.plan import planned_call
 
-        warmup = warmup_token_counts(limits)
-        token_counts = sorted(range(1, limits.max_num_tokens + 1), key=lambda n: n not in warmup)  # warmup's first
         seen: set[tuple] = set()
+        counts = token_counts(limits)
         for layer in layers:
-            for num_tokens in token_counts:
-                priority = Priority.WARMUP if num_tokens in warmup else Priority.BACKGROUND
+            for num_tokens, priority in counts:
                 for kernel, args, kwargs in self.calls(layer, num_tokens):
                     form = (id(kernel), repr(tuple(args)), repr(sorted(kwargs.items())))  # lists are arguments too
                     if form in seen:

@@ -35,6 +35,7 @@ import torch
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, distinct_sites, imported
+from .vllm_warmup import EXTRA_LIMITS
 
 log = logging.getLogger("jit_ahead.providers.vllm")
 
@@ -99,8 +100,7 @@ class VllmTritonAttentionProvider(Provider):
     library = "vllm"
     modules = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.v1.attention.ops.triton_reshape_and_cache_flash",
                "vllm.v1.worker.block_table")
-    extra_limits = {"vllm": "vLLM's engine settings (engines/vllm/limits.py): its CUDA-graph capture sizes are "
-                            "planned at WARMUP"}
+    extra_limits = EXTRA_LIMITS
 
     def __init__(self, vllm_config=None) -> None:
         self.vllm_config = vllm_config  # the worker's; None: the current one (vLLM's model construction sets it)

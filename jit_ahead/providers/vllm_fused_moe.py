@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from ..core.planning.limits import EngineLimits
-from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, distinct_sites, imported, warmup_token_counts
-from .thread_patch import patched_in_this_thread
+from .base import PlannedLaunch, Provider, distinct_sites, imported
+from .vllm_warmup import EXTRA_LIMITS, vllm_token_counts
+from ..core.thread_patch import patched_in_this_thread
 
 log = logging.getLogger("jit_ahead.providers.vllm")
 
@@ -129,23 +129,17 @@ class VllmFusedMoEProvider(Provider):
     name = "vllm-fused-moe"
     library = "vllm"
     modules = ("vllm.model_executor.layers.fused_moe.fused_moe",)
-    extra_limits = {"vllm": "vLLM's engine settings (engines/vllm/limits.py): its CUDA-graph capture sizes are "
-                            "planned at WARMUP"}
+    extra_limits = EXTRA_LIMITS
 
     def find_layers(self, model) -> list:
         return distinct_sites(((name, _site(name, module, method)) for name, module, method in _moe_layers(model)),
                               "vllm fused MoE", log)
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterator[PlannedLaunch]:
-        # vLLM's warmup: every CUDA-graph capture size (up to twice max_num_seqs, not only the batch sizes)
-        # and its profiling run at max_num_batched_tokens, whatever the model length
-        captured = limits.extra.get("vllm", {}).get("cudagraph_capture_sizes", ())
-        warmup = {*warmup_token_counts(limits), *captured, limits.max_num_tokens}
-        counts = sorted(range(1, limits.max_num_tokens + 1), key=lambda n: n not in warmup)  # warmup's first
+        counts = vllm_token_counts(limits)
         for site in layers:
-            for tokens in counts:
-                yield PlannedLaunch(Priority.WARMUP if tokens in warmup else Priority.BACKGROUND,
-                                    functools.partial(run_experts, site, tokens),
+            for tokens, priority in counts:
+                yield PlannedLaunch(priority, functools.partial(run_experts, site, tokens),
                                     f"vllm fused_moe {site.label} tokens={tokens}")
 
 

@@ -5,7 +5,8 @@ reads of the device) and then recorded as a request instead of being lowered and
 untouched.
 
 A model's forward stops at its first TileLang kernel under a capture; providers plan such kernels call by
-call with ``plan_call(kernel, *args, **kwargs)``.
+call with ``plan_call(kernel, *args, **kwargs)``, or run a library's own op, which calls several kernels,
+inside ``calls_go_on()``.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import contextlib
 from collections.abc import Iterator
 
 from ..core.shared_patch import capturing_into
+from ..core.thread_patch import patched_in_this_thread
 from . import hook
 from .hook import Captured
 from .request import TileLangCompileRequest
 
-__all__ = ["Capture", "Captured", "capture", "plan_call", "planned_call"]
+__all__ = ["Capture", "Captured", "calls_go_on", "capture", "plan_call", "planned_call"]
 
 
 class Capture:
@@ -26,6 +28,8 @@ class Capture:
     def __init__(self) -> None:
         self.requests: list[TileLangCompileRequest] = []
         self._keys: set[str] = set()
+        # ``@tilelang.jit`` calls met under ``calls_go_on``, by factory and TileLang's own call key
+        self.calls_met: set[tuple] = set()
 
     def record(self, request: TileLangCompileRequest) -> None:
         if request.key not in self._keys:
@@ -60,3 +64,41 @@ def planned_call(kernel, *args, **kwargs) -> None:
         kernel(*args, **kwargs)
     except Captured:
         pass
+
+
+@contextlib.contextmanager
+def calls_go_on() -> Iterator[None]:
+    """Inside a capture, for this thread: a ``@tilelang.jit`` kernel call that would compile records its
+    request and, instead of raising, returns None (an eager-mode kernel: its launch's result) or a kernel
+    that launches nothing (a lazy-mode factory), so a library op that calls several kernels (with outputs
+    it allocated itself) goes on to the next one. A call whose TileLang call key (what the factory's own
+    in-memory cache is keyed by) the capture has met, or that this process has compiled already, returns
+    None at once: elaborating the same kernel again would cost as much as the first time."""
+    from tilelang.jit import JITImpl
+
+    with patched_in_this_thread(JITImpl, "__call__", _going_on):
+        yield
+
+
+def _going_on(original, impl, *args, **kwargs):
+    plan = hook.capturing.get()
+    if plan is None or any(name.startswith("__") for name in kwargs):  # tuning and compile-argument queries
+        return original(impl, *args, **kwargs)
+    if impl.mode == "auto":  # what JITImpl.__call__ settles first: its call key depends on the mode
+        impl.mode = impl._infer_jit_mode(*args, **kwargs)
+        impl.func.set_mode(impl.mode)
+    key = impl.func.parse_args(*args, **kwargs)[0]
+    met = (id(impl), key)
+    not_built = None if impl.mode == "eager" else _launches_nothing
+    if met in plan.calls_met or key in impl._kernel_cache:
+        return not_built
+    plan.calls_met.add(met)
+    try:
+        return original(impl, *args, **kwargs)
+    except Captured:
+        return not_built
+
+
+def _launches_nothing(*args, **kwargs) -> None:
+    """What a lazy-mode factory call returns under ``calls_go_on`` for a kernel it did not build."""
+    return None

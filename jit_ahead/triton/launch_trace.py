@@ -98,9 +98,9 @@ class _Trace:
 
 _constexpr_names: dict = {}
 # Frames a launch passes through only while some thread has a function patched for a probe (the
-# dispatchers of providers/thread_patch.py, e.g. around torch.autograd.Function.apply during Liger's probe):
+# dispatchers of core/thread_patch.py, e.g. around torch.autograd.Function.apply during Liger's probe):
 # left out of the site, which must not depend on what another thread is probing meanwhile.
-_TRANSPARENT = (os.path.join("jit_ahead", "providers", "thread_patch.py"),)
+_TRANSPARENT = (os.path.join("jit_ahead", "core", "thread_patch.py"),)
 _interned: dict = {}
 
 

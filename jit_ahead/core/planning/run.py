@@ -402,6 +402,10 @@ class PlanningRun(Sink):
                 self._fail(provider, "enumeration", exc)
                 continue
             if family is None:
+                if launches:
+                    log.warning("provider %s: %d launches of the %s family are not planned: this session runs %s "
+                                "(JIT_AHEAD_FAMILIES); those kernels compile where they are launched", provider.name,
+                                len(launches), provider.family, ",".join(self._families) or "no family")
                 continue
             for launch in launches:
                 groups[(launch.priority, provider.family, index)].append((provider, launch))

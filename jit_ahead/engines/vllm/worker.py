@@ -117,8 +117,9 @@ def providers(vllm_config=None) -> list:
     the engine's forward context and CUDA ops."""
     from ...providers.vllm_attention import VllmTritonAttentionProvider
     from ...providers.vllm_fused_moe import VllmFusedMoEProvider
+    from ...providers.vllm_mhc import VllmMhcProvider
 
-    return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config)]
+    return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config), VllmMhcProvider()]
 
 
 def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:

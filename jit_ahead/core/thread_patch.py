@@ -1,7 +1,8 @@
 """Wrapping a library function, or setting a value, for the calling thread only.
 
 Providers learn what a model calls by wrapping a library function for the length of one probe forward
-(Liger's ``rope_forward``, ``torch.autograd.Function.apply``). Models are planned in threads of their
+(Liger's ``rope_forward``, ``torch.autograd.Function.apply``); TileLang planning lets a library op go on
+past the kernels it captures (``tilelang.plan.calls_go_on``). Models are planned in threads of their
 own, so two probes can overlap, and the server's threads call the same functions meanwhile. Swapping the
 attribute and putting back what was found breaks as soon as two swaps overlap: whichever ends first puts
 back the other's state, and the later probe then sees nothing. Here the attribute is replaced once by a
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..core.processes import fork_safe_lock
+from .processes import fork_safe_lock
 
 # ``wrapper(original, *args, **kwargs)``: calls ``original(*args, **kwargs)`` itself (for a classmethod,
 # ``args`` begins with the class)
