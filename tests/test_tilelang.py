@@ -359,6 +359,21 @@ def test_split_counts_from_token_count_and_sm_count_are_planned_for_every_token_
     assert "begins to compile" not in out.stdout + out.stderr, seed
 
 
+def test_a_provider_of_a_family_the_session_does_not_run_is_one_line_naming_the_knob(caplog):
+    from jit_ahead.core.planning.limits import EngineLimits
+
+    session = Session(families=("triton",), triton={"workers": 0}).start()
+    try:
+        with caplog.at_level("WARNING", logger="jit_ahead"):
+            session.plan_model(torch.nn.Sequential(SplitRowSums(1024)), EngineLimits(64, 4, 64), [SplitRowSumsProvider()])
+            assert session.wait_planned(120, priority=None)
+    finally:
+        session.close()
+    lines = [r.getMessage() for r in caplog.records if "test-split-row-sums" in r.getMessage()]
+    assert len(lines) == 1 and "1 launch of the tilelang family not planned" in lines[0], lines
+    assert "JIT_AHEAD_FAMILIES" in lines[0] and "this session runs triton" in lines[0]
+
+
 THIRD_PARTY_SERVER = """
 import json
 from jit_ahead.session import Session

@@ -403,9 +403,10 @@ class PlanningRun(Sink):
                 continue
             if family is None:
                 if launches:
-                    log.warning("provider %s: %d launches of the %s family are not planned: this session runs %s "
+                    log.warning("provider %s: %d launch%s of the %s family not planned: this session runs %s "
                                 "(JIT_AHEAD_FAMILIES); those kernels compile where they are launched", provider.name,
-                                len(launches), provider.family, ",".join(self._families) or "no family")
+                                len(launches), "" if len(launches) == 1 else "es", provider.family,
+                                ",".join(self._families) or "no family")
                 continue
             for launch in launches:
                 groups[(launch.priority, provider.family, index)].append((provider, launch))
