@@ -268,7 +268,8 @@ jit_ahead.stop()
                          num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
     config.architectures = ["Qwen3ForCausalLM"]
     config.save_pretrained(tmp_path / "model")
-    proc = run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0")
+    # the V1 runner (vLLM's for MoE and hybrid models), whose block table and slot mapping AttentionRunner sets up
+    proc = run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0", VLLM_USE_V2_MODEL_RUNNER="0")
     result = printed(proc, "ATTENTION")
     assert result["names"] == ["_compute_slot_mapping_kernel", "kernel_unified_attention", "reduce_segments",
                                "reshape_and_cache_kernel_flash"], f"seed {seed}"
@@ -439,3 +440,73 @@ def test_mhc_variants_planned_equal_those_vllms_deepseek_v4_forward_reaches(tmp_
     assert set(result["reached"]) <= set(result["planned"]), f"seed {seed}"
     if deep_gemm:  # one big-fuse kernel per split count the token counts reach on 132 SMs
         assert len(result["planned"]) > 20
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_block_table_variants_planned_equal_those_vllms_runner_launches_where_its_own_warmup_leaves_them_cold(
+        tmp_path, runner):
+    # vLLM's V1 runner computes each step's slot mapping with its block table's Triton kernel; the table's
+    # row stride is cdiv(max_model_len, block_size), 264 at a model length of 4224: not a multiple of 16, a
+    # variant vLLM's own block-table warmup (its table rounded up to 16 blocks) never compiles. Planned through
+    # the session with an attention layer as the worker plans it, against the runner's table at every batch
+    # size up to max_num_seqs, with random token counts up to max_num_batched_tokens. The V2 runner (vLLM's
+    # default for this dense model) launches other kernels, and the V1 one is not planned for it.
+    seed = random.randrange(2**31)
+    code = f"""
+import random
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.warmup.v1_block_table_warmup import warm_v1_block_table_kernels
+from vllm.utils.math_utils import cdiv
+from vllm.v1.worker.block_table import MultiGroupBlockTable
+from tests.vllm_layers import attention_model, moe_model
+moe_model({{}})  # vLLM's configuration context and a one-process distributed group
+TOKENS, SEQS, LENGTH, BLOCK = 8192, 256, 4224, 16
+config = EngineArgs(model={str(tmp_path / "model")!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                    max_num_batched_tokens=TOKENS, max_num_seqs=SEQS, max_model_len=LENGTH,
+                    block_size=BLOCK).create_engine_config()
+context = set_current_vllm_config(config)  # kept: a context manager collected would leave it
+context.__enter__()
+model = attention_model(config, {{"full": dict(num_heads=6, head_size=128, scale=128 ** -0.5, num_kv_heads=3)}})
+import jit_ahead
+from jit_ahead.engines.vllm import worker
+from jit_ahead.engines.vllm.limits import limits_from
+from jit_ahead.triton import capture
+session = jit_ahead.current()
+session.plan_model(model, limits_from(config), providers=worker.providers(config))
+assert session.wait_planned(300, priority=None)
+planned = sorted(r.predicted_hash for r in session.families["triton"].executor.planned_requests()
+                 if r.name == "_compute_slot_mapping_kernel")
+meta = torch.device("meta")
+# the runner's table (gpu_model_runner.may_reinitialize_input_batch: one attention group)
+table = MultiGroupBlockTable(max_num_reqs=SEQS, max_model_len=LENGTH, max_num_batched_tokens=TOKENS, pin_memory=False,
+                             device=meta, block_sizes=[BLOCK], kernel_block_sizes=[BLOCK],
+                             max_num_blocks=[cdiv(LENGTH, BLOCK)])
+rng = random.Random({seed})
+with capture() as real:
+    for sequences in range(1, SEQS + 1):
+        tokens = rng.choice([sequences, rng.randint(sequences, TOKENS)])
+        table.compute_slot_mapping(sequences, torch.empty(sequences + 1, dtype=torch.int32, device=meta),
+                                   torch.empty(tokens, dtype=torch.int64, device=meta))
+with capture() as warmed:  # vLLM's own kernel_warmup step for the V1 runner
+    warm_v1_block_table_kernels(meta, TOKENS)
+print("BLOCKS " + json.dumps({{"planned": planned, "reached": sorted(r.predicted_hash for r in real.requests),
+                             "warmed": sorted(r.predicted_hash for r in warmed.requests),
+                             "stride": table[0].block_table.gpu.stride(0)}}))
+jit_ahead.stop()
+"""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
+                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(tmp_path / "model")
+    result = printed(run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0",
+                              VLLM_USE_V2_MODEL_RUNNER="1" if runner == "v2" else "0"), "BLOCKS")
+    if runner == "v2":
+        assert result["planned"] == []
+        return
+    assert result["stride"] == 264
+    assert len(result["reached"]) == 1, f"seed {seed}"  # the kernel does not specialize on the token count
+    assert result["planned"] == result["reached"], f"seed {seed}"
+    assert set(result["reached"]) - set(result["warmed"]), "vLLM's warmup now covers the runner's stride"

@@ -1,7 +1,12 @@
 """vLLM's Triton attention backend (``TRITON_ATTN``), as a vLLM worker runs it each step: the KV-cache
 write (``reshape_and_cache_kernel_flash``), the unified attention kernel on its 2D path (any batch with a
 prefill, or more sequences than the backend's threshold) and its 3D path (decode batches up to the
-threshold, then ``reduce_segments``), and the runner's slot mapping (``_compute_slot_mapping_kernel``).
+threshold, then ``reduce_segments``), and the V1 runner's slot mapping (``_compute_slot_mapping_kernel``:
+its block table's row stride reaches the kernel as an integer, so a model length whose table is not a
+multiple of 16 blocks wide is another variant, one vLLM's own block-table warmup does not compile). The V2
+runner, vLLM's default for dense models, computes slot mappings with kernels of its own that take strides
+as tensors and do not specialize on the batch: its warmup compiles their one variant each, and the V1
+kernel is not planned for it.
 
 Each launch runs vLLM's own code on meta tensors, as the runner would for one batch: the runner's block
 table (``MultiGroupBlockTable``, sized by the engine's limits, with the kernel block size vLLM's
@@ -56,6 +61,7 @@ class AttentionSite:
     query_dtype: torch.dtype
     scales: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]  # the layer's q/k/v scale tensors
     clamp_sliding_window: bool
+    v1_runner: bool  # the worker runs vLLM's V1 model runner (its slot mapping kernel), not the V2 one
 
     @property
     def form(self) -> tuple:
@@ -64,7 +70,7 @@ class AttentionSite:
                 impl.alibi_slopes is not None, impl.logits_soft_cap, None if impl.sinks is None else
                 (tuple(impl.sinks.shape), impl.sinks.dtype), impl.kv_cache_dtype, impl.chunk_lookback, impl.use_td,
                 impl.kv_sharing_target_layer_name is not None, self.spec, self.query_dtype, self.scales,
-                self.clamp_sliding_window)
+                self.clamp_sliding_window, self.v1_runner)
 
 
 def _why_not_planned(layer, spec) -> str | None:
@@ -92,7 +98,8 @@ def _site(name: str, layer, vllm_config) -> AttentionSite | str:
     scales = tuple((attr, tuple(getattr(layer, attr).shape), getattr(layer, attr).dtype)
                    for attr in ("_q_scale", "_k_scale", "_v_scale") if hasattr(layer, attr))
     return AttentionSite(name, layer.impl, layer.attn_backend, spec, vllm_config, vllm_config.model_config.dtype,
-                         scales, bool(getattr(layer, "mm_prefix_clamp_sliding_window", False)))
+                         scales, bool(getattr(layer, "mm_prefix_clamp_sliding_window", False)),
+                         not vllm_config.use_v2_model_runner)
 
 
 class VllmTritonAttentionProvider(Provider):
@@ -203,8 +210,9 @@ def run_batch(site: AttentionSite, limits: EngineLimits, sequences: int, prefill
     starts[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
     starts_gpu = torch.empty(sequences + 1, dtype=torch.int32, device=meta)
     table = parts.block_table[0]
-    parts.block_table.compute_slot_mapping(sequences, starts_gpu,
-                                           torch.empty(tokens, dtype=torch.int64, device=meta))
+    if site.v1_runner:
+        parts.block_table.compute_slot_mapping(sequences, starts_gpu,
+                                               torch.empty(tokens, dtype=torch.int64, device=meta))
     common = CommonAttentionMetadata(
         query_start_loc=starts_gpu, query_start_loc_cpu=starts,
         seq_lens=torch.empty(sequences, dtype=torch.int32, device=meta), num_reqs=sequences,
