@@ -60,6 +60,7 @@ BUILTIN = (
     FamilyInfo("cute", "jit_ahead.cute.family:CuteFamily", ("cutlass",), misses_are_calls=True),
     FamilyInfo("deep_gemm", "jit_ahead.deep_gemm.family:DeepGemmFamily", ("deep_gemm",)),
     FamilyInfo("tilelang", "jit_ahead.tilelang.family:TileLangFamily", ("tilelang",), misses_are_calls=True),
+    FamilyInfo("flashinfer", "jit_ahead.flashinfer.family:FlashInferFamily", ("flashinfer",), misses_are_calls=True),
 )
 _registered: dict = {}  # name -> FamilyInfo: register() and the entry points, once read
 _entry_points_read = False

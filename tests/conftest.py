@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,22 @@ def without_jit_ahead(environ) -> dict:
     """``environ`` without jit_ahead's knobs, for a child process that sets its own; the test's folder
     for autotune choices stays, so that no test reads another's (or an earlier run's) choices."""
     return {k: v for k, v in environ.items() if not k.startswith("JIT_AHEAD") or k == "JIT_AHEAD_TUNING_DIR"}
+
+
+def helper_running(pool, program: str, timeout: float = 120.0) -> int:
+    """The pid of the pool's helper once a child process of it runs ``program`` (a build in progress)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in pool.helper_pids().values():
+            try:
+                if any(program in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True)):
+                    return pid
+            except psutil.Error:  # a child gone between listing and reading it
+                continue
+        time.sleep(0.01)
+    raise AssertionError(f"no helper ran {program} within {timeout}s")
 
 
 def wait_all(tickets, timeout=600.0):

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ from jit_ahead.tilelang import build, hook
 from jit_ahead.tilelang.plan import calls_go_on, capture, plan_call
 from jit_ahead.tilelang.request import legal_out_idx
 
-from .conftest import REPO, without_jit_ahead
+from .conftest import REPO, helper_running, without_jit_ahead
 from .kernels.tilelang_rows import TARGET, SplitRowSums, scale_rows, split_count, split_row_sums
 
 
@@ -269,15 +268,7 @@ def test_a_helper_killed_mid_build_leaves_no_entry_and_the_request_is_built_agai
     try:
         request = plan_call(split_row_sums, 640, 5)
         (ticket,) = session.families["tilelang"].submit([request], Priority.WARMUP)
-        deadline = time.monotonic() + 120
-        victim = None
-        while victim is None and time.monotonic() < deadline:  # the helper once it runs nvcc for this build
-            for pid in session.families["tilelang"].pool.helper_pids().values():
-                if any("nvcc" in " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True)):
-                    victim = pid
-            time.sleep(0.01)
-        assert victim is not None, "the helper never ran nvcc"
-        os.kill(victim, signal.SIGKILL)
+        os.kill(helper_running(session.families["tilelang"].pool, "nvcc"), signal.SIGKILL)
         assert not build.is_built(request)
         wait_settled([ticket])
         assert build.is_built(request) and entries() == [request.key]

@@ -88,6 +88,19 @@ class AttributeHook:
             setattr(self.owner, self.name, None)
 
 
+class VariantsFound:
+    """What one capture found: each variant its hook ``record``s, once (by key), in first-seen order."""
+
+    def __init__(self) -> None:
+        self.requests: list = []
+        self._keys: set[str] = set()
+
+    def record(self, request) -> None:
+        if request.key not in self._keys:
+            self._keys.add(request.key)
+            self.requests.append(request)
+
+
 @contextlib.contextmanager
 def capturing_into(hook, plan: object) -> Iterator[object]:
     """A capture's hold of a DSL's hook (its module's ``install``/``release``, without a handler), with the

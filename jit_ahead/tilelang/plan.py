@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ..core.shared_patch import capturing_into
+from ..core.shared_patch import VariantsFound, capturing_into
 from ..core.thread_patch import patched_in_this_thread
 from . import hook
 from .hook import Captured
@@ -22,19 +22,13 @@ from .request import TileLangCompileRequest
 __all__ = ["Capture", "Captured", "calls_go_on", "capture", "plan_call", "planned_call"]
 
 
-class Capture:
+class Capture(VariantsFound):
     """The requests of one capture, in first-seen order, each once."""
 
     def __init__(self) -> None:
-        self.requests: list[TileLangCompileRequest] = []
-        self._keys: set[str] = set()
+        super().__init__()
         # ``@tilelang.jit`` calls met under ``calls_go_on``, by factory and TileLang's own call key
         self.calls_met: set[tuple] = set()
-
-    def record(self, request: TileLangCompileRequest) -> None:
-        if request.key not in self._keys:
-            self._keys.add(request.key)
-            self.requests.append(request)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,87 @@
+"""The one place jit_ahead enters FlashInfer: ``JitSpec.build_and_load``, which every FlashInfer op reaches
+for its module (through a ``functools.cache``d ``get_*_module``: once per module and process).
+
+In a thread that is capturing (a ContextVar) the call becomes a request and raises ``Captured``: the op
+stops there, and nothing is built or cached. Elsewhere the executor's handler decides: the module built and
+stamped loads; one a helper is building is waited for; one not planned is built in place. A module of
+FlashInfer's AOT folder is FlashInfer's. Any trouble in jit_ahead's part, and FlashInfer builds and loads
+it as it would without jit_ahead.
+"""
+from __future__ import annotations
+
+import contextvars
+import logging
+
+from ..core.building.executor import JitAfterReadyError
+from ..core.shared_patch import SharedPatch, swap_in, swap_out
+from .request import FlashInferModule
+
+log = logging.getLogger("jit_ahead.flashinfer")
+
+capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_flashinfer_capture", default=None)
+
+_original = None
+
+
+class Captured(Exception):
+    """Raised from ``build_and_load`` inside a capture once its request is recorded."""
+
+    def __init__(self, request: FlashInferModule) -> None:
+        super().__init__(f"captured {request.label} (jit_ahead planning: nothing was built)")
+        self.request = request
+
+
+def _build_and_load(self):
+    collector = capturing.get()
+    if collector is not None and not self.is_aot:
+        request = FlashInferModule.of(self)
+        collector.record(request)
+        raise Captured(request)
+    handler = _patch.handler
+    if handler is None or self.is_aot:
+        return _original(self)
+    built = False
+
+    def in_place():
+        nonlocal built
+        built = True
+        return _original(self)
+
+    try:
+        return handler(self, in_place)
+    except JitAfterReadyError:  # JIT_AHEAD_MODE=error: the engine asked for this build to fail
+        raise
+    except Exception:  # never break the caller: FlashInfer builds and loads it as it would without jit_ahead
+        if built:  # FlashInfer's own build failed: its error is the caller's, and a second try would fail alike
+            raise
+        log.exception("jit_ahead could not handle FlashInfer's module %s; FlashInfer builds it in place", self.name)
+        return _original(self)
+
+
+def _patch_dsl() -> None:
+    global _original
+    from flashinfer.jit.core import JitSpec
+
+    _original = swap_in(JitSpec, "build_and_load", _build_and_load, _original)
+
+
+def _unpatch_dsl() -> None:
+    from flashinfer.jit.core import JitSpec
+
+    swap_out(JitSpec, "build_and_load", _build_and_load, _original)
+
+
+_patch: SharedPatch = SharedPatch(_patch_dsl, _unpatch_dsl)
+
+
+def install(handler=None) -> None:
+    _patch.hold(handler)
+
+
+def release(handler=None) -> None:
+    _patch.let_go(handler)
+
+
+def forget_handler() -> None:
+    """In a process forked from the server: its executor's handler stays behind."""
+    _patch.handler = None

@@ -1,0 +1,94 @@
+"""What FlashInfer's builds need in a CPU-only helper, as the environment FlashInfer reads it from.
+
+- ``FLASHINFER_CUDA_ARCH_LIST``: without a GPU FlashInfer knows no target (``check_cuda_arch`` raises); the
+  server's GPU, as the device view shows it (sm_90 -> ``9.0a``, the arch FlashInfer builds for Hopper).
+- ``CUDA_HOME``: FlashInfer takes the folder above ``which nvcc`` where it is unset; a wrapper script on the
+  PATH (``/usr/local/bin/nvcc``) makes that ``/usr/local``, where the link finds no ``libcudart``. The
+  toolkit of the usual places (``/usr/local/cuda``) is named instead when the one found has no ``lib64``.
+- A ``libcuda`` to link against: FlashInfer links every module with ``-lcuda``, which a machine without the
+  NVIDIA driver does not have (the toolkit's ``lib64/stubs`` holds one in a full install). jit_ahead then
+  makes an empty stand-in library of that name (``cc -shared``) in its own cache folder and adds it with
+  ``FLASHINFER_EXTRA_LDFLAGS``; the linker's ``--as-needed`` leaves it out of the module, which resolves
+  ``libcuda.so.1`` from the driver where it runs, as FlashInfer's own builds do.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("jit_ahead.flashinfer")
+
+TOOLKITS = ("/usr/local/cuda",)
+
+
+def arch_list(capability: tuple[int, int]) -> str:
+    major, minor = capability
+    return f"{major}.{minor}{'a' if major >= 9 else ''}"
+
+
+def cuda_home(environ=os.environ) -> str | None:
+    """The toolkit FlashInfer's build should use, or None where it finds one itself."""
+    if environ.get("CUDA_HOME") or environ.get("CUDA_PATH"):
+        return None
+    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    if nvcc is not None and os.path.isdir(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "lib64")):
+        return None
+    return next((t for t in TOOLKITS if os.path.isfile(os.path.join(t, "bin", "nvcc"))), None)
+
+
+def nvcc(environ=os.environ) -> str | None:
+    """The nvcc FlashInfer's builds will run: ``$CUDA_HOME/bin/nvcc`` where it is set, else the one on the
+    PATH or in the usual places; None where there is none."""
+    home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    if home:
+        path = os.path.join(home, "bin", "nvcc")
+        return path if os.path.isfile(path) else None
+    found = cuda_home(environ)
+    return os.path.join(found, "bin", "nvcc") if found else shutil.which("nvcc", path=environ.get("PATH"))
+
+
+def has_libcuda(home: str | None) -> bool:
+    folders = [os.path.join(home, "lib64", "stubs")] if home else []
+    folders += ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib"]
+    return any(os.path.exists(os.path.join(f, name)) for f in folders for name in ("libcuda.so", "libcuda.so.1"))
+
+
+def stand_in_libcuda(folder: Path) -> Path | None:
+    """An empty ``libcuda.so`` in ``folder`` (made once), or None with one line where no C compiler can."""
+    library = folder / "libcuda.so"
+    if library.exists():
+        return folder
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        log.warning("flashinfer: no libcuda to link FlashInfer's modules against and no C compiler to make a "
+                    "stand-in; helper builds fail and FlashInfer builds its modules in the server")
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        source = Path(scratch) / "empty.c"
+        source.write_text("void jit_ahead_libcuda_stand_in(void) {}\n")
+        made = Path(scratch) / "libcuda.so"
+        subprocess.run([compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(made), str(source)],
+                       check=True, capture_output=True, timeout=60)
+        os.replace(made, library)
+    return folder
+
+
+def helper_environment(capability: tuple[int, int], cache_folder: Path, environ=os.environ) -> dict[str, str]:
+    """The variables helpers build FlashInfer's modules with (what the server's environment leaves out)."""
+    env = {}
+    if "FLASHINFER_CUDA_ARCH_LIST" not in environ:
+        env["FLASHINFER_CUDA_ARCH_LIST"] = arch_list(capability)
+    home = cuda_home(environ)
+    if home is not None:
+        env["CUDA_HOME"] = home
+    if not has_libcuda(home or environ.get("CUDA_HOME") or environ.get("CUDA_PATH")):
+        stubs = stand_in_libcuda(cache_folder / "libcuda-stand-in")
+        if stubs is not None:
+            env["FLASHINFER_EXTRA_LDFLAGS"] = " ".join(filter(None, [environ.get("FLASHINFER_EXTRA_LDFLAGS"),
+                                                                     f"-L{stubs}"]))
+    return env
