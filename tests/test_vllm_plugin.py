@@ -510,3 +510,57 @@ jit_ahead.stop()
     assert len(result["reached"]) == 1, f"seed {seed}"  # the kernel does not specialize on the token count
     assert result["planned"] == result["reached"], f"seed {seed}"
     assert set(result["reached"]) - set(result["warmed"]), "vLLM's warmup now covers the runner's stride"
+
+
+@pytest.mark.parametrize("flashinfer_sampler", [True, False])
+def test_the_worker_plans_flashinfers_sampling_module_where_vllms_sampler_uses_flashinfer(tmp_path, flashinfer_sampler):
+    # vLLM samples top-k/top-p requests with FlashInfer on a CUDA GPU FlashInfer supports (its own
+    # flashinfer_sampler_supported(), answered here as on an H100/H200, or not); its first such request would
+    # build FlashInfer's sampling module with nvcc. Planned through the session with the FlashInfer family,
+    # against what vLLM's own sampler (TopKTopPSampler.forward_cuda) asks FlashInfer for, for random batches
+    # with top-k, top-p or both.
+    pytest.importorskip("flashinfer", reason="flashinfer-python is installed in CI's Triton 3.6 environment")
+    seed = random.randrange(2**31)
+    code = f"""
+import random
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from tests.vllm_layers import moe_model
+moe_model({{}})
+config = EngineArgs(model={str(tmp_path / "model")!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                    max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=32768).create_engine_config()
+context = set_current_vllm_config(config)
+context.__enter__()
+import vllm.v1.sample.ops.topk_topp_sampler as sampler
+sampler.flashinfer_sampler_supported = lambda: {flashinfer_sampler}
+import jit_ahead
+from jit_ahead.engines.vllm import worker
+from jit_ahead.engines.vllm.limits import limits_from
+from jit_ahead.flashinfer.plan import capture, planned_call
+session = jit_ahead.current()
+session.plan_model(torch.nn.Linear(2, 2, device="meta"), limits_from(config), providers=worker.providers(config))
+assert session.wait_planned(300, priority=None)
+planned = sorted(r.key for r in session.families["flashinfer"].executor.planned_requests())
+rng, vocab = random.Random({seed}), config.model_config.get_vocab_size()
+topk_topp = sampler.TopKTopPSampler()
+with capture() as real:
+    for _ in range(12):
+        n = rng.randint(1, 256)
+        k = torch.empty(n, dtype=torch.int32, device="meta") if rng.random() < 0.7 else None
+        p = torch.empty(n, dtype=torch.float32, device="meta") if k is None or rng.random() < 0.5 else None
+        planned_call(topk_topp.forward_cuda, torch.empty(n, vocab, dtype=torch.float32, device="meta"), {{}}, k, p)
+print("SAMPLER " + json.dumps({{"planned": planned, "reached": sorted(r.key for r in real.requests),
+                              "names": sorted(r.name for r in real.requests)}}))
+jit_ahead.stop()
+"""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
+                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(tmp_path / "model")
+    result = printed(run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_FAMILIES="triton,flashinfer",
+                              JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_FLASHINFER_WORKERS="0",
+                              FLASHINFER_CUDA_ARCH_LIST="9.0a", FLASHINFER_WORKSPACE_BASE=str(tmp_path)), "SAMPLER")
+    assert result["names"] == ["sampling"], f"seed {seed}"
+    assert result["planned"] == (result["reached"] if flashinfer_sampler else []), f"seed {seed}"

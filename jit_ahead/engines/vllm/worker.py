@@ -118,8 +118,10 @@ def providers(vllm_config=None) -> list:
     from ...providers.vllm_attention import VllmTritonAttentionProvider
     from ...providers.vllm_fused_moe import VllmFusedMoEProvider
     from ...providers.vllm_mhc import VllmMhcProvider
+    from ...providers.vllm_sampler import VllmFlashInferSamplerProvider
 
-    return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config), VllmMhcProvider()]
+    return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config), VllmMhcProvider(),
+            VllmFlashInferSamplerProvider(vllm_config)]
 
 
 def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
