@@ -55,6 +55,16 @@ def run_vllm(code: str, tmp_path, jit_ahead: bool = True, **env) -> subprocess.C
     return proc
 
 
+def attention_model_dir(path) -> None:
+    """A one-layer Qwen3 configuration (6 heads, 3 KV heads of 128) saved at ``path``, for EngineArgs."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
+                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(path)
+
+
 def printed(proc, tag: str):
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith(tag + " "))[len(tag) + 1:])
 
@@ -262,12 +272,7 @@ print("ATTENTION " + json.dumps({{"planned": sorted(planned), "reached": sorted(
                                  "names": sorted(set(reached.values()))}}))
 jit_ahead.stop()
 """
-    from transformers import Qwen3Config
-
-    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
-                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
-    config.architectures = ["Qwen3ForCausalLM"]
-    config.save_pretrained(tmp_path / "model")
+    attention_model_dir(tmp_path / "model")
     # the V1 runner (vLLM's for MoE and hybrid models), whose block table and slot mapping AttentionRunner sets up
     proc = run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0", VLLM_USE_V2_MODEL_RUNNER="0")
     result = printed(proc, "ATTENTION")
@@ -495,12 +500,7 @@ print("BLOCKS " + json.dumps({{"planned": planned, "reached": sorted(r.predicted
                              "stride": table[0].block_table.gpu.stride(0)}}))
 jit_ahead.stop()
 """
-    from transformers import Qwen3Config
-
-    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
-                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
-    config.architectures = ["Qwen3ForCausalLM"]
-    config.save_pretrained(tmp_path / "model")
+    attention_model_dir(tmp_path / "model")
     result = printed(run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_TRITON_WORKERS="0",
                               VLLM_USE_V2_MODEL_RUNNER="1" if runner == "v2" else "0"), "BLOCKS")
     if runner == "v2":
@@ -553,12 +553,7 @@ print("SAMPLER " + json.dumps({{"planned": planned, "reached": sorted(r.key for 
                               "names": sorted(r.name for r in real.requests)}}))
 jit_ahead.stop()
 """
-    from transformers import Qwen3Config
-
-    config = Qwen3Config(hidden_size=768, intermediate_size=512, num_hidden_layers=1, num_attention_heads=6,
-                         num_key_value_heads=3, head_dim=128, vocab_size=4096, max_position_embeddings=32768)
-    config.architectures = ["Qwen3ForCausalLM"]
-    config.save_pretrained(tmp_path / "model")
+    attention_model_dir(tmp_path / "model")
     result = printed(run_vllm("import torch\n" + code, tmp_path, JIT_AHEAD_FAMILIES="triton,flashinfer",
                               JIT_AHEAD_TRITON_WORKERS="0", JIT_AHEAD_FLASHINFER_WORKERS="0",
                               FLASHINFER_CUDA_ARCH_LIST="9.0a", FLASHINFER_WORKSPACE_BASE=str(tmp_path)), "SAMPLER")

@@ -40,7 +40,7 @@ import torch
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, distinct_sites, imported
-from .vllm_warmup import EXTRA_LIMITS
+from .vllm_warmup import EXTRA_LIMITS, worker_config
 
 log = logging.getLogger("jit_ahead.providers.vllm")
 
@@ -116,11 +116,7 @@ class VllmTritonAttentionProvider(Provider):
         attention = imported(ATTENTION_MODULE)
         if attention is None:
             return []
-        vllm_config = self.vllm_config
-        if vllm_config is None:
-            from vllm.config import get_current_vllm_config
-
-            vllm_config = get_current_vllm_config()
+        vllm_config = worker_config(self.vllm_config)
         return distinct_sites(((name, _site(name, layer, vllm_config)) for name, layer in model.named_modules()
                                if isinstance(layer, attention.Attention)), "vllm attention", log)
 

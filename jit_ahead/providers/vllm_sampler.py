@@ -20,6 +20,7 @@ import torch
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, imported
+from .vllm_warmup import worker_config
 
 log = logging.getLogger("jit_ahead.providers.vllm")
 
@@ -43,12 +44,7 @@ class VllmFlashInferSamplerProvider(Provider):
         sampler = imported(SAMPLER_MODULE)
         if sampler is None:
             return []
-        config = self.vllm_config
-        if config is None:
-            from vllm.config import get_current_vllm_config
-
-            config = get_current_vllm_config()
-        model_config = config.model_config
+        model_config = worker_config(self.vllm_config).model_config
         if getattr(model_config, "logprobs_mode", None) in ("processed_logits", "processed_logprobs"):
             return []  # vLLM samples these natively
         if not sampler.flashinfer_sampler_supported():

@@ -1,4 +1,4 @@
-"""vLLM's warmup, as the providers of vLLM's kernels plan it."""
+"""vLLM's warmup and configuration, as the providers of vLLM's kernels read them."""
 from __future__ import annotations
 
 from ..core.planning.limits import EngineLimits
@@ -8,6 +8,16 @@ from .base import token_counts
 # the EngineLimits.extra key the vLLM engine adapter fills (engines/vllm/limits.py)
 EXTRA_LIMITS = {"vllm": "vLLM's engine settings (engines/vllm/limits.py): its CUDA-graph capture sizes are planned "
                         "at WARMUP"}
+
+
+def worker_config(vllm_config):
+    """The worker's ``VllmConfig`` a provider was given, or the current one (vLLM's model construction sets
+    it)."""
+    if vllm_config is not None:
+        return vllm_config
+    from vllm.config import get_current_vllm_config
+
+    return get_current_vllm_config()
 
 
 def vllm_token_counts(limits: EngineLimits) -> list[tuple[int, Priority]]:
