@@ -13,6 +13,12 @@ compiles during the start and after ready (those missing the disk cache, and tho
 the kernels compiled after ready, the mix's wall seconds, and with ``--monitor error`` whether vLLM's JIT
 monitor raised. Writes vllm_starts.json / .md to --out, and each arm's log (armN-NAME.log).
 
+``--sampling mixed``: about half the requests sample with temperature, top-k and/or top-p, which vLLM hands
+to FlashInfer's sampler on an H100/H200 (its first such request builds FlashInfer's sampling module with
+nvcc); the jit arms then run the FlashInfer family too (``JIT_AHEAD_FAMILIES=triton,flashinfer``), each
+cold arm has a FlashInfer workspace of its own, and FlashInfer's module builds (``JitSpec.build`` calls)
+are counted during the start and after ready.
+
     python scripts/gpu/vllm_starts.py --out $OUT/vllm [--model qwen3] [--tokens 8192] [--seqs 256] [--len 32768]
 """
 from __future__ import annotations
@@ -54,7 +60,23 @@ def write_model(folder: str, name: str, max_len: int) -> str:
     return path
 
 
-def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monitor: str | None) -> dict:
+def _count_flashinfer_builds(events: dict, phase: list) -> None:
+    """FlashInfer's ``JitSpec.build`` calls (ninja runs: what a server without built modules pays), by phase."""
+    try:
+        from flashinfer.jit import core
+    except ImportError:
+        return
+    original = core.JitSpec.build
+
+    def build(self, *args, **kwargs):
+        events.setdefault(f"flashinfer_{phase[0]}", []).append(self.name)
+        return original(self, *args, **kwargs)
+
+    core.JitSpec.build = build
+
+
+def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monitor: str | None,
+        sampling: str = "greedy") -> dict:
     t0 = time.perf_counter()
     from triton import knobs
 
@@ -69,6 +91,8 @@ def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monito
                      **kwargs)
 
     knobs.compilation.listener = listener
+    if sampling == "mixed":
+        _count_flashinfer_builds(events, phase)
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=model_path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
@@ -84,7 +108,12 @@ def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monito
     for _ in range(REQUESTS):
         length = rng.randint(1, min(max_len - 16, tokens))
         prompts.append({"prompt_token_ids": [rng.randrange(3, 32000) for _ in range(length)]})
-        params.append(SamplingParams(max_tokens=rng.randint(1, 16), ignore_eos=True, temperature=0.0))
+        sample = {}
+        if sampling == "mixed" and rng.random() < 0.5:  # top-k and/or top-p: FlashInfer's sampler on the GPU
+            sample = dict(temperature=0.8, top_k=rng.choice([-1, 20]), top_p=rng.choice([1.0, 0.9]))
+            if sample["top_k"] == -1 and sample["top_p"] == 1.0:
+                sample["top_p"] = 0.95
+        params.append(SamplingParams(max_tokens=rng.randint(1, 16), ignore_eos=True, **{"temperature": 0.0, **sample}))
     t1 = time.perf_counter()
     error = None
     try:
@@ -97,7 +126,9 @@ def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monito
             "start_compiles": sum(not hit for _, hit in events["start"]),
             "start_loads": sum(hit for _, hit in events["start"]),
             "serving_compiles": sum(not hit for _, hit in after), "serving_loads": sum(hit for _, hit in after),
-            "serving_kernels": sorted({name for name, _ in after})}
+            "serving_kernels": sorted({name for name, _ in after}),
+            "flashinfer_builds_start": events.get("flashinfer_start", []),
+            "flashinfer_builds_after_ready": events.get("flashinfer_serving", [])}
 
 
 def main() -> int:
@@ -114,11 +145,13 @@ def main() -> int:
     parser.add_argument("--state", metavar="FOLDER", default=None,
                         help="keep the model and the arms' caches in FOLDER, so that a later call on the same warm "
                              "machine adds arms on them (default: a temporary folder)")
+    parser.add_argument("--sampling", choices=("greedy", "mixed"), default="greedy")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         path, seed = args.child
-        print("ARM " + json.dumps(arm(path, args.tokens, args.seqs, args.max_len, int(seed), args.monitor)), flush=True)
+        print("ARM " + json.dumps(arm(path, args.tokens, args.seqs, args.max_len, int(seed), args.monitor, args.sampling)),
+              flush=True)
         return 0
     seed = random.randrange(2**31)
     print(f"request seed {seed}", flush=True)
@@ -133,13 +166,17 @@ def main() -> int:
             env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
                        TRITON_CACHE_DIR=folders["cold" if name == "plain-cold" else "cache"],
                        # vLLM's own compile cache: empty for each cold arm, that arm's for its warm one
-                       VLLM_CACHE_ROOT=os.path.join(scratch, f"vllm-{name.split('-')[0]}-cold"))
+                       VLLM_CACHE_ROOT=os.path.join(scratch, f"vllm-{name.split('-')[0]}-cold"),
+                       FLASHINFER_WORKSPACE_BASE=os.path.join(scratch, f"flashinfer-{name.split('-')[0]}"))
             env.pop("JIT_AHEAD", None)
             if name.startswith("jit"):
                 env.update(JIT_AHEAD="1", JIT_AHEAD_PLAN_DIR=folders["plans"], JIT_AHEAD_RECORD_DIR=folders["records"],
                            JIT_AHEAD_TUNING_DIR=folders["tuning"])
+                if args.sampling == "mixed":
+                    env["JIT_AHEAD_FAMILIES"] = "triton,flashinfer"
             cmd = [sys.executable, __file__, "--child", model_path, str(seed), "--tokens", str(args.tokens), "--seqs",
-                   str(args.seqs), "--len", str(args.max_len)] + (["--monitor", monitor] if monitor else [])
+                   str(args.seqs), "--len", str(args.max_len), "--sampling", args.sampling] + (
+                       ["--monitor", monitor] if monitor else [])
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.arm_timeout)
@@ -170,13 +207,15 @@ def main() -> int:
              f"`{report['command']}`; seed {seed}; {report['date']}; "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
              "| arm | process s | ready s | serving s | compiles start / after ready | loads start / after ready | "
-             "monitor error | kernels compiled or loaded after ready |", "|---|---|---|---|---|---|---|---|"]
+             "FlashInfer builds start / after ready | monitor error | kernels compiled or loaded after ready |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['arm']} | {r['process_s']} | error: {r['error'][-200:]!r} |||||")
+            lines.append(f"| {r['arm']} | {r['process_s']} | error: {r['error'][-200:]!r} ||||||")
             continue
         lines.append(f"| {r['arm']} | {r['process_s']} | {r['ready_s']} | {r['serving_s']} | {r['start_compiles']} / "
-                     f"{r['serving_compiles']} | {r['start_loads']} / {r['serving_loads']} | {bool(r['monitor_error'])} | "
+                     f"{r['serving_compiles']} | {r['start_loads']} / {r['serving_loads']} | "
+                     f"{len(r['flashinfer_builds_start'])} / {len(r['flashinfer_builds_after_ready'])} | {bool(r['monitor_error'])} | "
                      f"{', '.join(r['serving_kernels'][:12])} |")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
