@@ -187,3 +187,31 @@ def test_without_nvcc_the_family_is_left_out_with_one_line_and_the_server_runs_w
     assert out.stdout.strip().splitlines()[-1] == "[]"
     lines = [line for line in out.stderr.splitlines() if "flashinfer family is not available" in line]
     assert len(lines) == 1 and "nvcc" in lines[0], out.stderr[-2000:]
+
+
+PLANNER = """
+import flashinfer.activation as activation
+from jit_ahead.flashinfer import hook
+from jit_ahead.flashinfer.plan import capture
+from jit_ahead.session import Session
+session = Session(families=("flashinfer",), flashinfer={"workers": 0}).start()
+session.families["flashinfer"].enter_planner()  # as a planner forked from the server
+with capture() as plan:  # its own capture: recorded
+    try:
+        activation.get_act_and_mul_module("silu")
+    except hook.Captured:
+        pass
+try:  # outside it (another family's planning met the op): refused, nothing built
+    activation.get_act_and_mul_module("silu")
+    print("BUILT")
+except RuntimeError as exc:
+    print("REFUSED", [r.name for r in plan.requests], "not built here" in str(exc))
+"""
+
+
+def test_a_planner_builds_no_module_outside_a_flashinfer_capture():
+    act_module("silu")
+    out = subprocess.run([sys.executable, "-c", PLANNER], cwd=REPO, env=without_jit_ahead(os.environ),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "REFUSED ['silu_and_mul'] True"

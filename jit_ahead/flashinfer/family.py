@@ -51,7 +51,7 @@ class FlashInferFamily(Family):
         log.info("flashinfer: %d helpers, JIT folder %s", self.pool.workers, self.jit_dir)
 
     def enter_planner(self) -> None:
-        hook.forget_handler()
+        hook.enter_planner()
 
     def capture(self, target=None):
         return capture(target)

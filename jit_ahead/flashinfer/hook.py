@@ -21,6 +21,7 @@ log = logging.getLogger("jit_ahead.flashinfer")
 capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_flashinfer_capture", default=None)
 
 _original = None
+_in_planner = False  # a planner process: nothing is built outside a capture
 
 
 class Captured(Exception):
@@ -37,6 +38,9 @@ def _build_and_load(self):
         request = FlashInferModule.of(self)
         collector.record(request)
         raise Captured(request)
+    if _in_planner and not self.is_aot:  # another family's capture met it: a planner builds nothing (minutes of nvcc)
+        raise RuntimeError(f"FlashInfer's module {self.name} asked for outside a FlashInfer capture in a planner; "
+                           "not built here")
     handler = _patch.handler
     if handler is None or self.is_aot:
         return _original(self)
@@ -82,6 +86,9 @@ def release(handler=None) -> None:
     _patch.let_go(handler)
 
 
-def forget_handler() -> None:
-    """In a process forked from the server: its executor's handler stays behind."""
+def enter_planner() -> None:
+    """In a planner forked from the server: its executor's handler stays behind, and a module asked for
+    outside a FlashInfer capture (another family's planning met a FlashInfer op) is not built."""
+    global _in_planner
     _patch.handler = None
+    _in_planner = True
