@@ -1,7 +1,8 @@
-"""The FlashInfer family against the real flashinfer-python (the release vLLM 0.25 pins), its own module
-specs and its own build, with nvcc for sm_90a on this CPU machine: modules found by capture from FlashInfer's
-ops on meta tensors, built by real helpers, loaded by a fresh process with no build; a helper killed
-mid-build, a stamp that does not match and a helper whose FlashInfer builds elsewhere are never loaded.
+"""The FlashInfer family against the real flashinfer-python (0.6.13, the release vLLM 0.25 pins, in CI's
+Triton 3.6 environment; 0.7.4, the newest, in its Triton 3.9 one), its own module specs and its own build,
+with nvcc for sm_90a on this CPU machine: modules found by capture from FlashInfer's ops on meta tensors,
+built by real helpers, loaded by a fresh process with no build; a helper killed mid-build, a stamp that does
+not match and a helper whose FlashInfer builds elsewhere are never loaded.
 
 FlashInfer fixes its JIT folder at import (workspace, version, archs): every test of this module shares one
 workspace and takes a module of its own (``act_module``), removed first."""
@@ -27,7 +28,7 @@ if "FLASHINFER_WORKSPACE_BASE" not in os.environ:
 WORKSPACE = os.environ["FLASHINFER_WORKSPACE_BASE"]
 os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")  # the H200's; without a GPU FlashInfer knows none
 
-flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is installed in CI's Triton 3.6 environment")
+flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
 
 from jit_ahead.core.priority import Priority  # noqa: E402
 from jit_ahead.flashinfer import build, toolchain  # noqa: E402
@@ -80,8 +81,9 @@ FRESH_SERVER = """
 import json, sys
 import flashinfer.jit.core as core
 builds = []
-original = core.JitSpec.build
-core.JitSpec.build = lambda self, *a, **k: (builds.append(self.name), original(self, *a, **k))[1]
+nvcc_spec = getattr(core, "JitSpecNvcc", core.JitSpec)  # FlashInfer 0.7's nvcc modules; 0.6's one spec class
+original = nvcc_spec.build
+nvcc_spec.build = lambda self, *a, **k: (builds.append(self.name), original(self, *a, **k))[1]
 from jit_ahead.session import Session
 session = Session(families=("flashinfer",), flashinfer={"workers": 0}).start()
 events = []

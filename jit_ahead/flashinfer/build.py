@@ -1,6 +1,6 @@
 """The FlashInfer builder of helpers: one module's spec, made again from the request and built with
-FlashInfer's own ``JitSpec.build`` (its ninja file, nvcc, and its per-module file lock, which FlashInfer's
-own builds in the server take too), then stamped with the request's key. A helper killed mid-build leaves no
+FlashInfer's own ``JitSpec.build`` (its ninja file, nvcc) under FlashInfer's per-module file lock, the one
+its own builds in the server take, then stamped with the request's key. A helper killed mid-build leaves no
 stamp, so a library it may have left half-written is not taken as built, and is built again."""
 from __future__ import annotations
 
@@ -35,7 +35,11 @@ def build(request: FlashInferModule) -> dict:
     stamp = os.path.join(request.folder, STAMP)
     if os.path.exists(stamp):  # an earlier build's: it must not vouch for the one that follows
         os.unlink(stamp)
+    from filelock import FileLock
+
     t0 = time.perf_counter()
-    request.spec().build(verbose=False)
+    spec = request.spec()
+    with FileLock(spec.lock_path, thread_local=False):  # FlashInfer's own lock of the module, as its builds take it
+        spec.build(verbose=False, need_lock=False)
     write_json(request.folder, STAMP, {"key": request.key, "name": request.name, "version": request.version})
     return {"path": request.library, "compiled": True, "seconds": round(time.perf_counter() - t0, 3)}

@@ -10,8 +10,8 @@ from .request import FAMILY, FlashInferModule
 class FlashInferExecutor(ExecutorBase):
     family, dsl = FAMILY, "FlashInfer"
 
-    def on_miss(self, spec, in_place):
-        """The hook's handler, for ``spec.build_and_load()``; ``in_place`` is FlashInfer's own."""
-        module = FlashInferModule.of(spec)
+    def on_miss(self, spec, module: FlashInferModule, in_place):
+        """The hook's handler, for ``spec.build_and_load()`` (``module``: its variant); ``in_place`` is
+        FlashInfer's own."""
         return self.serve_miss(module, built=module.is_built(), load=lambda: spec.load(spec.jit_library_path),
                                compile_here=in_place)

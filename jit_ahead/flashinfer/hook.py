@@ -14,7 +14,7 @@ import logging
 
 from ..core.building.executor import JitAfterReadyError
 from ..core.shared_patch import SharedPatch, swap_in, swap_out
-from .request import FlashInferModule
+from .request import FlashInferModule, Unsupported
 
 log = logging.getLogger("jit_ahead.flashinfer")
 
@@ -22,6 +22,7 @@ capturing: contextvars.ContextVar = contextvars.ContextVar("jit_ahead_flashinfer
 
 _original = None
 _in_planner = False  # a planner process: nothing is built outside a capture
+_unsupported: set[str] = set()  # modules said to be FlashInfer's own (one line each)
 
 
 class Captured(Exception):
@@ -32,17 +33,34 @@ class Captured(Exception):
         self.request = request
 
 
+def _module_of(spec) -> FlashInferModule | None:
+    """The module jit_ahead builds for ``spec``, or None for FlashInfer's own (an AOT module; a spec that is
+    not an nvcc module or has fields a helper cannot be given: one line each)."""
+    if getattr(spec, "is_aot", False):
+        return None
+    try:
+        return FlashInferModule.of(spec)
+    except Unsupported as exc:
+        if spec.name not in _unsupported:
+            _unsupported.add(spec.name)
+            log.info("FlashInfer's module %s is left to FlashInfer (%s)", spec.name, exc)
+        return None
+
+
 def _build_and_load(self):
-    collector = capturing.get()
-    if collector is not None and not self.is_aot:
-        request = FlashInferModule.of(self)
-        collector.record(request)
-        raise Captured(request)
-    if _in_planner and not self.is_aot:  # another family's capture met it: a planner builds nothing (minutes of nvcc)
+    module = _module_of(self)
+    if capturing.get() is not None:
+        if module is None:  # nothing a helper could build: planning must not build it here either
+            raise RuntimeError(f"FlashInfer's module {self.name} is not planned (see the line above)")
+        capturing.get().record(module)
+        raise Captured(module)
+    if module is None:
+        return _original(self)
+    if _in_planner:  # another family's capture met it: a planner builds nothing (minutes of nvcc)
         raise RuntimeError(f"FlashInfer's module {self.name} asked for outside a FlashInfer capture in a planner; "
                            "not built here")
     handler = _patch.handler
-    if handler is None or self.is_aot:
+    if handler is None:
         return _original(self)
     built = False
 
@@ -52,7 +70,7 @@ def _build_and_load(self):
         return _original(self)
 
     try:
-        return handler(self, in_place)
+        return handler(self, module, in_place)
     except JitAfterReadyError:  # JIT_AHEAD_MODE=error: the engine asked for this build to fail
         raise
     except Exception:  # never break the caller: FlashInfer builds and loads it as it would without jit_ahead

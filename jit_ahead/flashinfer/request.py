@@ -24,13 +24,19 @@ FAMILY = "flashinfer"
 STAMP = "jit_ahead.json"  # in the module's folder, written once its build succeeded
 
 
+class Unsupported(TypeError):
+    """A spec jit_ahead cannot carry to a helper (a field that is a function or a mapping): FlashInfer's."""
+
+
 def _plain(value):
     """A spec field as JSON (paths marked, so that they come back as paths)."""
     if isinstance(value, Path):
         return {"path": str(value)}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    return value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise Unsupported(f"a field of type {type(value).__name__}")
 
 
 def _restored(value):
@@ -56,10 +62,13 @@ class FlashInferModule(VariantBase):
 
     @classmethod
     def of(cls, spec) -> "FlashInferModule":
+        """The module of an nvcc spec (one with a JIT library and plain fields); ``Unsupported`` otherwise."""
         from flashinfer import __version__
         from flashinfer.jit import env
 
         kind = type(spec)
+        if not dataclasses.is_dataclass(spec) or not hasattr(spec, "jit_library_path"):
+            raise Unsupported(f"a {kind.__name__}, not an nvcc module")
         fields = json.dumps({f.name: _plain(getattr(spec, f.name)) for f in dataclasses.fields(spec)})
         return cls(spec.name, f"{kind.__module__}:{kind.__qualname__}", fields, str(env.FLASHINFER_JIT_DIR),
                    __version__)
