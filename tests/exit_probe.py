@@ -4,7 +4,8 @@ It starts jit_ahead as an engine would, plans the GatedDeltaNet demo model at li
 planning (in forked planners) and builds (fla kernels in helpers) are still running, prints ``WORK_DONE``
 once both are under way (and ``JIT_AHEAD_CLOSED`` once jit_ahead's exit handler has run), then ends by MODE: ``return`` from main, ``exit3`` (``sys.exit(3)``), or
 ``wait`` (sleep until the test sends a signal). ``plain`` is the same process without jit_ahead: it
-builds the model, prints ``WORK_DONE`` and returns (how long the interpreter itself takes to end).
+builds the model, prints ``WORK_DONE`` and returns (how long the interpreter itself takes to end);
+``plain-wait`` waits for a signal instead (the status the process ends with by it, without jit_ahead).
 """
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ def main(mode: str) -> int:
     from jit_ahead import demo_models
     from jit_ahead.core.planning.limits import EngineLimits
 
-    if mode == "plain":
+    if mode in ("plain", "plain-wait"):
         demo_models.fla_gated_deltanet()
         print("WORK_DONE", flush=True)
+        while mode == "plain-wait":  # until the test's signal: how the process ends by it without jit_ahead
+            time.sleep(1)
         return 0
 
     # registered before jit_ahead's own exit handler, so it runs after it: the test times jit_ahead's part

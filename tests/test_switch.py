@@ -80,7 +80,7 @@ def test_with_the_cute_family_a_cute_dsl_import_starts_the_session_with_both_fam
                JIT_AHEAD_CUTE_WORKERS="0") == [True, ["cute", "triton"], True]
     # An unknown family name is dropped with one line; the session starts with the others.
     code = "import triton, jit_ahead, json; print(json.dumps(sorted(jit_ahead.current().families)))"
-    assert run(code, JIT_AHEAD="1", JIT_AHEAD_FAMILIES="triton,flashinfer", JIT_AHEAD_TRITON_WORKERS="0") == ["triton"]
+    assert run(code, JIT_AHEAD="1", JIT_AHEAD_FAMILIES="triton,flashinfr", JIT_AHEAD_TRITON_WORKERS="0") == ["triton"]
 
 
 def test_a_transformers_model_from_config_is_planned_with_the_limits_of_the_knobs(tmp_path):
