@@ -217,3 +217,20 @@ def test_a_planner_builds_no_module_outside_a_flashinfer_capture():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "REFUSED ['silu_and_mul'] True"
+
+
+def test_a_spec_jit_ahead_cannot_carry_is_left_to_flashinfer_with_one_line_and_never_planned(caplog):
+    import dataclasses
+
+    from flashinfer.jit.activation import gen_act_and_mul_module
+
+    from jit_ahead.flashinfer import hook
+
+    spec = dataclasses.replace(gen_act_and_mul_module("silu"), extra_ldflags=[object()])  # not a plain field
+    with caplog.at_level("INFO", logger="jit_ahead.flashinfer"):
+        assert hook._module_of(spec)[0] is None and hook._module_of(spec)[0] is None
+    lines = [r.getMessage() for r in caplog.records if "left to FlashInfer" in r.getMessage()]
+    assert len(lines) == 1 and "silu_and_mul" in lines[0] and "object" in lines[0], lines
+    with capture() as plan, pytest.raises(RuntimeError, match="silu_and_mul is not planned: a field of type object"):
+        spec.build_and_load()
+    assert plan.requests == []

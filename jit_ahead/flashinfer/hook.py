@@ -4,7 +4,7 @@ for its module (through a ``functools.cache``d ``get_*_module``: once per module
 In a thread that is capturing (a ContextVar) the call becomes a request and raises ``Captured``: the op
 stops there, and nothing is built or cached. Elsewhere the executor's handler decides: the module built and
 stamped loads; one a helper is building is waited for; one not planned is built in place. A module of
-FlashInfer's AOT folder is FlashInfer's. Any trouble in jit_ahead's part, and FlashInfer builds and loads
+FlashInfer's AOT folder, or one jit_ahead cannot carry to a helper, is FlashInfer's. Any trouble in jit_ahead's part, and FlashInfer builds and loads
 it as it would without jit_ahead.
 """
 from __future__ import annotations
@@ -33,25 +33,25 @@ class Captured(Exception):
         self.request = request
 
 
-def _module_of(spec) -> FlashInferModule | None:
-    """The module jit_ahead builds for ``spec``, or None for FlashInfer's own (an AOT module; a spec that is
-    not an nvcc module or has fields a helper cannot be given: one line each)."""
-    if getattr(spec, "is_aot", False):
-        return None
+def _module_of(spec) -> tuple[FlashInferModule | None, str]:
+    """The module jit_ahead builds for ``spec``, or None and why it is FlashInfer's own (a spec that is not
+    an nvcc module, or has fields a helper cannot be given: one line each)."""
     try:
-        return FlashInferModule.of(spec)
+        return FlashInferModule.of(spec), ""
     except Unsupported as exc:
         if spec.name not in _unsupported:
             _unsupported.add(spec.name)
             log.info("FlashInfer's module %s is left to FlashInfer (%s)", spec.name, exc)
-        return None
+        return None, str(exc)
 
 
 def _build_and_load(self):
-    module = _module_of(self)
+    if getattr(self, "is_aot", False):  # prebuilt, installed with FlashInfer: nothing to plan or build
+        return _original(self)
+    module, why = _module_of(self)
     if capturing.get() is not None:
         if module is None:  # nothing a helper could build: planning must not build it here either
-            raise RuntimeError(f"FlashInfer's module {self.name} is not planned (see the line above)")
+            raise RuntimeError(f"FlashInfer's module {self.name} is not planned: {why}")
         capturing.get().record(module)
         raise Captured(module)
     if module is None:
