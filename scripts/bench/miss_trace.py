@@ -61,6 +61,28 @@ def triton_miss() -> dict:
         session.close()
 
 
+def triton_load_miss() -> dict:
+    """The miss a server meets most once jit_ahead has built the plan: the variant on disk, loaded."""
+    import torch
+
+    from jit_ahead.session import Session
+    from jit_ahead.triton.standin import ensure_driver
+    from tests.kernels.basic import add_kernel
+
+    ensure_driver()
+    session = Session(triton={"workers": 0}).start()
+    try:
+        x = torch.empty(1024, device="meta")
+        add_kernel[(4,)](x, x, x, 1024, BLOCK=256)  # built in place, then dropped from Triton's memory
+        for cache in add_kernel.device_caches.values():
+            cache[0].clear()
+        with FileTrace((REPO / "jit_ahead",)) as trace:
+            add_kernel[(4,)](x, x, x, 1024, BLOCK=256)
+        return trace.summary()
+    finally:
+        session.close()
+
+
 def toy_miss() -> dict:
     from jit_ahead import registry
     from jit_ahead.session import Session
@@ -83,9 +105,9 @@ def main() -> int:
         os.environ.update(TRITON_CACHE_DIR=os.path.join(scratch, "triton"), JIT_AHEAD_TUNING_DIR="0",
                           JIT_AHEAD_PLAN_DIR=os.path.join(scratch, "plans"),
                           TOY_DSL_CACHE_DIR=os.path.join(scratch, "toy"))
-        for name, run in (("triton", triton_miss), ("toy", toy_miss)):
+        for name, run in (("triton", triton_miss), ("triton, on disk", triton_load_miss), ("toy", toy_miss)):
             result = run()
-            print(f"{name}: one miss built in place crosses {result['count']} of jit_ahead's files, moving between "
+            print(f"{name}: one miss {'loaded' if 'disk' in name else 'built in place'} crosses {result['count']} of jit_ahead's files, moving between "
                   f"files {result['moves']} times: " + ", ".join(result["files"]))
     return 0
 
