@@ -167,6 +167,9 @@ def test_a_stamp_of_another_build_or_a_damaged_one_is_not_taken_as_built():
     with open(path, "w") as f:
         f.write('{"key": ')  # cut short
     assert not request.is_built()
+    with open(path, "w") as f:
+        json.dump({"key": request.key, "pad": "x" * 8192}, f)  # the right key in a file far larger than a stamp
+    assert not request.is_built()
     build.build(request)  # built again: the stamp is written anew
     assert request.is_built()
 

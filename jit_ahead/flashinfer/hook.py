@@ -4,8 +4,8 @@ for its module (through a ``functools.cache``d ``get_*_module``: once per module
 In a thread that is capturing (a ContextVar) the call becomes a request and raises ``Captured``: the op
 stops there, and nothing is built or cached. Elsewhere the executor's handler decides: the module built and
 stamped loads; one a helper is building is waited for; one not planned is built in place. A module of
-FlashInfer's AOT folder, or one jit_ahead cannot carry to a helper, is FlashInfer's. Any trouble in jit_ahead's part, and FlashInfer builds and loads
-it as it would without jit_ahead.
+FlashInfer's AOT folder, or one jit_ahead cannot carry to a helper, is FlashInfer's. Any trouble in
+jit_ahead's part, and FlashInfer builds and loads it as it would without jit_ahead.
 """
 from __future__ import annotations
 
@@ -49,10 +49,11 @@ def _build_and_load(self):
     if getattr(self, "is_aot", False):  # prebuilt, installed with FlashInfer: nothing to plan or build
         return _original(self)
     module, why = _module_of(self)
-    if capturing.get() is not None:
+    collector = capturing.get()
+    if collector is not None:
         if module is None:  # nothing a helper could build: planning must not build it here either
             raise RuntimeError(f"FlashInfer's module {self.name} is not planned: {why}")
-        capturing.get().record(module)
+        collector.record(module)
         raise Captured(module)
     if module is None:
         return _original(self)

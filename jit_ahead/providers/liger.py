@@ -35,10 +35,10 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
+from ..core.thread_patch import patched_in_this_thread
 from .base import Claims, PlannedLaunch, Provider, imported, is_warmup_shape, warmup_shapes, warmup_token_counts
 from .meta import (FunctionCall, MetaCaller, MetaScalars, ProbedCall, int_class_representatives, layer_settings,
                    probe)
-from ..core.thread_patch import patched_in_this_thread
 
 log = logging.getLogger("jit_ahead.providers.liger")
 

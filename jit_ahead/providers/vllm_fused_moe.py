@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from ..core.planning.limits import EngineLimits
+from ..core.thread_patch import patched_in_this_thread
 from .base import PlannedLaunch, Provider, distinct_sites, imported
 from .vllm_warmup import EXTRA_LIMITS, vllm_token_counts
-from ..core.thread_patch import patched_in_this_thread
 
 log = logging.getLogger("jit_ahead.providers.vllm")
 

@@ -98,11 +98,11 @@ def _sites(model) -> Iterator[tuple[str, object]]:
     module = imported(MODEL_MODULE)
     if module is None:
         return
+    # the hidden states have the model's dtype, as its norms' weights do
     for name, layer in model.named_modules():
-        # the hidden states have the model's dtype, as its norms' weights do
         if isinstance(layer, module.DeepseekV4DecoderLayer):
-            yield name, LayerSite(name, int(layer.hidden_size), int(layer.hc_mult), layer.attn_norm.weight.dtype, float(layer.rms_norm_eps),
-                                  float(layer.hc_eps), float(layer.hc_post_alpha), int(layer.hc_sinkhorn_iters),
+            yield name, LayerSite(name, int(layer.hidden_size), int(layer.hc_mult), layer.attn_norm.weight.dtype,
+                                  float(layer.rms_norm_eps), float(layer.hc_eps), float(layer.hc_post_alpha), int(layer.hc_sinkhorn_iters),
                                   MixSpec.of(layer, "attn", layer.attn_norm), MixSpec.of(layer, "ffn", layer.ffn_norm))
         elif isinstance(layer, module.DeepseekV4Model) and hasattr(layer.norm, "weight"):  # the last PP rank's
             yield name, HeadSite(name, int(layer.config.hidden_size), int(layer.hc_mult), layer.norm.weight.dtype,

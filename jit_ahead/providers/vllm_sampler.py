@@ -11,7 +11,6 @@ sampler runs in its warmup.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,8 +20,6 @@ from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, Provider, imported
 from .vllm_warmup import worker_config
-
-log = logging.getLogger("jit_ahead.providers.vllm")
 
 SAMPLER_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 

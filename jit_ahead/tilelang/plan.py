@@ -67,7 +67,7 @@ def calls_go_on() -> Iterator[None]:
     that launches nothing (a lazy-mode factory), so a library op that calls several kernels (with outputs
     it allocated itself) goes on to the next one. A call whose TileLang call key (what the factory's own
     in-memory cache is keyed by) the capture has met, or that this process has compiled already, returns
-    None at once: elaborating the same kernel again would cost as much as the first time."""
+    the same at once: elaborating the same kernel again would cost as much as the first time."""
     from tilelang.jit import JITImpl
 
     with patched_in_this_thread(JITImpl, "__call__", _going_on):
