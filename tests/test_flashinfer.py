@@ -237,3 +237,22 @@ def test_a_spec_jit_ahead_cannot_carry_is_left_to_flashinfer_with_one_line_and_n
     with capture() as plan, pytest.raises(RuntimeError, match="silu_and_mul is not planned: a field of type object"):
         spec.build_and_load()
     assert plan.requests == []
+
+
+def test_a_damaged_stand_in_libcuda_is_made_again_and_modules_link_against_it(caplog):
+    if "FLASHINFER_EXTRA_LDFLAGS" not in os.environ:
+        pytest.skip("this machine has a libcuda: no stand-in is made")
+    folder = Path(WORKSPACE) / "libcuda-stand-in"
+    library = folder / "libcuda.so"
+    good = library.read_bytes()
+    library.write_bytes(good[: len(good) // 2])  # cut short, as a crash or a full disk leaves a file
+    request = act_module("silu")
+    with pytest.raises(Exception, match="ninja|build|link"):  # what every helper's link met before
+        build.build(request)
+    with caplog.at_level("WARNING", logger="jit_ahead.flashinfer"):
+        env = toolchain.helper_environment((9, 0), Path(WORKSPACE))  # the family's next start
+    assert env["FLASHINFER_EXTRA_LDFLAGS"].endswith(f"-L{folder}")
+    assert [r.getMessage() for r in caplog.records if "made again" in r.getMessage()]
+    build.build(request)
+    assert request.is_built()
+    assert toolchain.helper_environment((9, 0), Path(WORKSPACE)) == env  # kept once it is whole

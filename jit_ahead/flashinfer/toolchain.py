@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -57,16 +58,27 @@ def has_libcuda(home: str | None) -> bool:
     return any(os.path.exists(os.path.join(f, name)) for f in folders for name in ("libcuda.so", "libcuda.so.1"))
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def stand_in_libcuda(folder: Path) -> Path | None:
-    """An empty ``libcuda.so`` in ``folder`` (made once), or None with one line where no C compiler can."""
-    library = folder / "libcuda.so"
-    if library.exists():
-        return folder
+    """An empty ``libcuda.so`` in ``folder`` (made once, and made again where the one there is not the one
+    made: a damaged library would fail every module's link), or None with one line where no C compiler
+    can make it."""
+    library, digest = folder / "libcuda.so", folder / "libcuda.so.sha256"
+    try:
+        if digest.read_text().strip() == _digest(library):
+            return folder
+    except OSError:  # not made yet, or half of it missing
+        pass
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         log.warning("flashinfer: no libcuda to link FlashInfer's modules against and no C compiler to make a "
                     "stand-in; helper builds fail and FlashInfer builds its modules in the server")
         return None
+    if library.exists():
+        log.warning("flashinfer: the stand-in libcuda %s is not the one jit_ahead made; it is made again", library)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         source = Path(scratch) / "empty.c"
@@ -74,7 +86,9 @@ def stand_in_libcuda(folder: Path) -> Path | None:
         made = Path(scratch) / "libcuda.so"
         subprocess.run([compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(made), str(source)],
                        check=True, capture_output=True, timeout=60)
-        os.replace(made, library)
+        (Path(scratch) / "digest").write_text(_digest(made))
+        os.replace(made, library)  # the library first: a digest never vouches for a library not yet in place
+        os.replace(Path(scratch) / "digest", digest)
     return folder
 
 
