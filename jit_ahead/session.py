@@ -91,6 +91,12 @@ class Session:
             meta_shortcuts.install()  # a planner runs nothing of the server's: process-wide is safe
             for family in self.families.values():
                 family.enter_planner()
+            for provider in providers:
+                try:
+                    provider.enter_planner()
+                except Exception as exc:  # noqa: BLE001 - its launches may still run; those that fail say why
+                    log.warning("provider %s: its planner set-up failed (%s: %s); its launches run without it",
+                                provider.name, type(exc).__name__, exc)
 
         from .core.planning.run import PlanningRun
 

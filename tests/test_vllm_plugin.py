@@ -167,22 +167,31 @@ load_general_plugins()
     assert "Traceback" not in proc.stderr
 
 
-def test_fused_moe_variants_planned_equal_those_vllms_moe_layers_launch(tmp_path):
+@pytest.mark.parametrize("nvml, limit", [("answers", 16384), ("fails in planners", 2048)])
+def test_fused_moe_variants_planned_equal_those_vllms_moe_layers_launch(tmp_path, nvml, limit):
     # Planned through the session as the worker plans (its providers), against every token count of
     # vLLM's own layer method after its weights are processed (the modular kernel vLLM builds then); the
     # WARMUP variants are built by a helper, which imports vLLM's kernel module itself. The platform names
     # an H200, as vLLM's CUDA platform does there: vLLM then reads its tuned config file for the Qwen3-MoE
-    # experts (E=128, N=768) and its defaults for the other shape.
+    # experts (E=128, N=768) and its defaults for the other shape. "fails in planners": the platform's
+    # device name raises in planner processes, as NVML does in a process forked from an H200 worker (vLLM
+    # names its config file after the device); planners then answer from the server's device view.
     seed = random.randrange(2**31)
     code = f"""
 from vllm.platforms.cpu import CpuPlatform
-CpuPlatform.get_device_name = classmethod(lambda cls, device_id=0: "NVIDIA H200")
+from jit_ahead.core.planning import planners
+def device_name(cls, device_id=0):
+    if {nvml == "fails in planners"} and planners.in_planner():
+        raise RuntimeError("NVMLError_OperatingSystem: The operating system has blocked the request.")
+    return "NVIDIA H200"
+CpuPlatform.get_device_name = classmethod(device_name)
 from vllm.model_executor.layers.fused_moe import fused_moe
 assert fused_moe.get_moe_configs(128, 768, None) and not fused_moe.get_moe_configs(8, 1024, None)
+fused_moe.get_moe_configs.cache_clear()  # planners must ask the platform again, as a worker's first ones do
 from tests.vllm_layers import moe_model, on_triton_experts
 model = moe_model({{"mixtral-like": (8, 2, 512, 1024), "qwen3-moe-like": (128, 8, 2048, 768)}})
 experts = on_triton_experts(model)
-LIMIT = 16384
+LIMIT = {limit}
 import random, torch
 import jit_ahead
 from jit_ahead.core.planning.limits import EngineLimits
@@ -215,8 +224,10 @@ print("MOE " + json.dumps({{"planned": sorted(planned), "reached": sorted(reache
                            "warm": [[t.state.value, t.request.label] for t in warm]}}))
 jit_ahead.stop()
 """
-    proc = run_vllm(code, tmp_path, JIT_AHEAD_TRITON_WORKERS="1", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = run_vllm(code, tmp_path, JIT_AHEAD_TRITON_WORKERS="1", TRITON_CACHE_DIR=str(tmp_path / "cache"),
+                    JIT_AHEAD_PLANNERS="2")
     result = printed(proc, "MOE")
+    assert "provider vllm-fused-moe" not in proc.stderr, proc.stderr[-3000:]  # no launch failed
     assert result["names"] == ["fused_moe_kernel"], f"seed {seed}"
     assert len(result["reached"]) > 40  # both shapes, several configs and specializations each
     assert result["planned"] == result["reached"], f"seed {seed}"

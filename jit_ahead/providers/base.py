@@ -50,6 +50,10 @@ class Provider(ABC):
     def launches(self, layers: list, limits: EngineLimits) -> Iterable[PlannedLaunch]:
         """Every launch the layers can make within ``limits``; duplicates are fine (deduplicated later)."""
 
+    def enter_planner(self) -> None:
+        """Set-up in a planner process (forked from the planning thread) before this provider's launches run
+        there; process-wide, since no thread of the server runs in a planner. Default: nothing."""
+
     def claims(self, model, sites: list) -> Claims:
         """What this provider plans in full among what ``find_layers`` returned (default: nothing); the
         model-level planner leaves it out of its own sweep."""

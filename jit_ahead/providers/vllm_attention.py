@@ -39,7 +39,8 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, distinct_sites, imported
+from .base import PlannedLaunch, distinct_sites, imported
+from .vllm_platform import VllmProvider
 from .vllm_warmup import EXTRA_LIMITS, worker_config
 
 log = logging.getLogger("jit_ahead.providers.vllm")
@@ -102,7 +103,7 @@ def _site(name: str, layer, vllm_config) -> AttentionSite | str:
                          not vllm_config.use_v2_model_runner)
 
 
-class VllmTritonAttentionProvider(Provider):
+class VllmTritonAttentionProvider(VllmProvider):
     name = "vllm-triton-attention"
     library = "vllm"
     modules = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.v1.attention.ops.triton_reshape_and_cache_flash",

@@ -36,7 +36,8 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.thread_patch import patched_in_this_thread
-from .base import PlannedLaunch, Provider, distinct_sites, imported
+from .base import PlannedLaunch, distinct_sites, imported
+from .vllm_platform import VllmProvider
 from .vllm_warmup import EXTRA_LIMITS, vllm_token_counts
 
 log = logging.getLogger("jit_ahead.providers.vllm")
@@ -125,7 +126,7 @@ def _site(name: str, module, method) -> MoESite | str:
                    int(module.global_num_experts), bool(module.apply_router_weight_on_input))
 
 
-class VllmFusedMoEProvider(Provider):
+class VllmFusedMoEProvider(VllmProvider):
     name = "vllm-fused-moe"
     library = "vllm"
     modules = ("vllm.model_executor.layers.fused_moe.fused_moe",)

@@ -30,8 +30,9 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.thread_patch import patched_in_this_thread
-from .base import PlannedLaunch, Provider, distinct_sites, imported
+from .base import PlannedLaunch, distinct_sites, imported
 from .vllm_fused_moe import WeightSpec
+from .vllm_platform import VllmProvider
 from .vllm_warmup import EXTRA_LIMITS, vllm_token_counts
 
 log = logging.getLogger("jit_ahead.providers.vllm")
@@ -110,7 +111,7 @@ def _sites(model) -> Iterator[tuple[str, object]]:
                                  WeightSpec.of(layer.hc_head_scale), WeightSpec.of(layer.hc_head_base))
 
 
-class VllmMhcProvider(Provider):
+class VllmMhcProvider(VllmProvider):
     name = "vllm-mhc"
     library = "vllm"
     family = "tilelang"

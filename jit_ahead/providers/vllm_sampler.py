@@ -18,7 +18,8 @@ import torch
 
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
-from .base import PlannedLaunch, Provider, imported
+from .base import PlannedLaunch, imported
+from .vllm_platform import VllmProvider
 from .vllm_warmup import worker_config
 
 SAMPLER_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
@@ -29,7 +30,7 @@ class SamplerSite:
     vocab_size: int
 
 
-class VllmFlashInferSamplerProvider(Provider):
+class VllmFlashInferSamplerProvider(VllmProvider):
     name = "vllm-flashinfer-sampler"
     library = "vllm"
     family = "flashinfer"
