@@ -106,6 +106,20 @@ def qwen3_next_liger(layers: int = 4, hidden: int = 512):
         return Qwen3NextForCausalLM(config).to(torch.bfloat16).eval()
 
 
+def qwen3_liger(layers: int = 4, hidden: int = 512):
+    """transformers' dense Qwen3 (grouped-query attention with q/k norms) with Liger's RoPE, RMSNorm and SwiGLU
+    patched in."""
+    from liger_kernel.transformers.monkey_patch import apply_liger_kernel_to_qwen3
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=False)
+    config = Qwen3Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1024,
+                         max_position_embeddings=32768)
+    with torch.device("meta"):
+        return Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+
+
 def qwen3_moe_liger(layers: int = 4, hidden: int = 512):
     """transformers' Qwen3-MoE (Qwen3-30B-A3B's architecture: a sparse MoE block in every layer, grouped-query
     attention with q/k norms) with Liger's RoPE, RMSNorm and SwiGLU patched in."""

@@ -1,6 +1,7 @@
 """The model-level planner: models no provider knows by class are planned through their own forward;
 what a real call makes at random shapes across the whole limits was planned."""
 import dataclasses
+import functools
 import random
 
 import pytest
@@ -209,3 +210,41 @@ def test_large_batches_and_decodes_past_one_prefill_are_planned():
     with capture() as real:
         serve(model, 16, 8, 36)
     assert [r.name for r in real.requests if r.predicted_hash not in keys] == [], f"seed {seed}"
+
+
+CB_MODELS = {"qwen3-liger": any_models.qwen3_liger, "qwen3-moe-liger": any_models.qwen3_moe_liger}
+CB_LIMITS = EngineLimits(max_num_tokens=8192, max_batch_size=64, max_seq_len=4096)  # CB's default token budget
+
+
+@functools.lru_cache(maxsize=None)
+def cb_plan(name):
+    model = CB_MODELS[name]()
+    planned, _ = plan(model, CB_LIMITS)
+    return model, {r.predicted_hash for r in planned.requests}
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["exact", "padded"])
+@pytest.mark.parametrize("name", sorted(CB_MODELS))
+def test_continuous_batching_steps_launch_only_planned_variants(name, padded):
+    # transformers' continuous batching (``transformers serve --continuous-batching``) packs every request of
+    # a step into one (1, T) forward with position ids and its paged cache: T up to its token budget (past
+    # the context length when many requests share a step), exact on sdpa, padded to 64 (prefill) or a power
+    # of two under CUDA graphs. The model is planned as JIT_AHEAD=1 plans it (the padded forwards of
+    # generate); the steps are built by transformers' own batch machinery, at random across the limits.
+    from .transformers_cb import ContinuousBatching, random_step
+
+    model, keys = cb_plan(name)
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    cb = ContinuousBatching(model, CB_LIMITS.max_num_tokens, CB_LIMITS.max_batch_size, CB_LIMITS.max_seq_len,
+                            padded)
+    missed, launched = {}, 0
+    for _ in range(25):
+        step = random_step(rng, CB_LIMITS.max_num_tokens, CB_LIMITS.max_batch_size, CB_LIMITS.max_seq_len)
+        inputs = cb.step_inputs(step)
+        with capture() as real, meta_stands_for_the_gpu(), meta_reads_answered(), torch.no_grad():
+            model(**inputs)
+        launched += len(real.requests)
+        missed.update((r.predicted_hash, (r.label, step[:4])) for r in real.requests if r.predicted_hash not in keys)
+    assert launched >= 25, "Liger's kernels were not launched"
+    assert not missed, f"seed {seed}: {missed}"
