@@ -570,3 +570,96 @@ jit_ahead.stop()
                               FLASHINFER_CUDA_ARCH_LIST="9.0a", FLASHINFER_WORKSPACE_BASE=str(tmp_path)), "SAMPLER")
     assert result["names"] == ["sampling"], f"seed {seed}"
     assert result["planned"] == (result["reached"] if flashinfer_sampler else []), f"seed {seed}"
+
+
+def spec_decode_model_dirs(path) -> None:
+    """A two-layer Qwen3-MoE target and a one-layer Eagle3 draft for it, saved under ``path``."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    target = Qwen3MoeConfig(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_experts=8,
+                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, vocab_size=4096, max_position_embeddings=32768)
+    target.architectures = ["Qwen3MoeForCausalLM"]
+    target.save_pretrained(path / "target")
+    draft = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64, vocab_size=4096, max_position_embeddings=32768)
+    draft.architectures = ["LlamaForCausalLMEagle3"]
+    draft.save_pretrained(path / "draft")
+
+
+def test_spec_decode_variants_planned_equal_those_vllms_rejection_sampler_and_eagle_proposer_launch(tmp_path):
+    # A MoE target with an Eagle3 draft of 3 tokens: vLLM runs it on its V1 runner. Planned through the session
+    # (forked planners) from the real VllmConfig; reached: vLLM's own RejectionSampler (with its Sampler for the
+    # bonus tokens) on random verification steps (1-256 requests, 0-3 drafts each, any sampling mix, top-k
+    # and top-p or not), and the proposer's next-token, padded-input and draft-step functions at random
+    # request counts and sampled-token counts.
+    spec_decode_model_dirs(tmp_path)
+    seed = random.randrange(2**31)
+    code = f"""
+import random, types, torch
+import numpy as np
+from vllm.engine.arg_utils import EngineArgs
+cfg = EngineArgs(model={str(tmp_path / "target")!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                 max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=32768,
+                 speculative_config={{"method": "eagle3", "model": {str(tmp_path / "draft")!r},
+                                      "num_speculative_tokens": 3}}).create_engine_config()
+assert not cfg.use_v2_model_runner
+import jit_ahead
+from jit_ahead.core.priority import Priority
+from jit_ahead.engines.vllm.limits import limits_from
+from jit_ahead.providers import vllm_spec_decode as sd
+from jit_ahead.triton import capture
+limits = limits_from(cfg)
+session = jit_ahead.current()
+session.plan_model(torch.nn.Module(), limits, providers=[sd.VllmSpecDecodeProvider(cfg)])
+assert session.wait_ready(600, priority=Priority.WARMUP)
+planned = {{r.predicted_hash: r.label for r in session.families["triton"].executor.planned_requests()}}
+from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.rejection_sampler import RejectionSampler
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+site = sd.spec_decode_site(cfg)
+k, vocab, meta = site.draft_tokens, site.vocab_size, torch.device("meta")
+sampler = RejectionSampler(Sampler(), cfg.speculative_config)
+rng = random.Random({seed})
+top = cfg.scheduler_config.max_num_seqs
+def requests():  # across the limit, with its integer classes' edges (1, multiples of 16) drawn often
+    return rng.choice([rng.randint(1, 4), 16 * rng.randint(1, top // 16), rng.randint(1, top)])
+reached = {{}}
+with capture() as real, torch.no_grad():
+    for _ in range(600):
+        drafts = [rng.randint(0, k) for _ in range(requests())]
+        drafts[0] = max(drafts[0], 1)
+        b, mix = len(drafts), rng.choice(sd.MIXES)
+        sampled = mix != "all_greedy"
+        sampling = SamplingMetadata(
+            temperature=torch.empty(b, device=meta) if sampled else None, all_greedy=not sampled,
+            all_random=mix == "all_random",
+            top_p=torch.empty(b, device=meta) if sampled and rng.random() < 0.5 else None,
+            top_k=torch.empty(b, dtype=torch.int32, device=meta) if sampled and rng.random() < 0.5 else None,
+            generators={{}}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+            frequency_penalties=torch.empty(0), presence_penalties=torch.empty(0), repetition_penalties=torch.empty(0),
+            output_token_ids=[[] for _ in drafts], allowed_token_ids_mask=None, bad_words_token_ids={{}},
+            logitsprocs=LogitsProcessors())
+        metadata = SpecDecodeMetadata.make_dummy([[0] * d for d in drafts], meta)
+        sampler.forward(metadata, None, torch.empty(sum(drafts) + b, vocab, device=meta), sampling)
+    for _ in range(300):
+        b = requests()
+        sd.run_next_tokens(site, limits, b, rng.randint(1, k + 1))
+        sd.run_draft_steps(site, limits, b)
+reached = {{r.predicted_hash: r.label for r in real.requests}}
+print("SPEC " + json.dumps({{"planned": planned, "reached": reached}}))
+jit_ahead.stop()
+"""
+    proc = run_vllm(code, tmp_path, JIT_AHEAD_TRITON_WORKERS="1", TRITON_CACHE_DIR=str(tmp_path / "cache"),
+                    JIT_AHEAD_PLANNERS="2")
+    result = printed(proc, "SPEC")
+    names = {label.split("[")[0].rsplit(".", 1)[-1] for label in result["reached"].values()}
+    assert {"rejection_greedy_sample_kernel", "rejection_random_sample_kernel", "sample_recovered_tokens_kernel",
+            "expand_kernel", "_topk_topp_kernel", "eagle_prepare_next_token_padded_kernel",
+            "eagle_prepare_inputs_padded_kernel", "eagle_step_slot_mapping_metadata_kernel"} <= names, names
+    assert set(result["reached"]) <= set(result["planned"]), \
+        f"seed {seed}: not planned {sorted(set(result['reached'].values()) - set(result['planned'].values()))}"
+    assert set(result["planned"]) == set(result["reached"]), \
+        f"seed {seed}: planned, never reached {sorted(set(result['planned'].values()) - set(result['reached'].values()))}"

@@ -186,7 +186,8 @@ def main() -> int:
     lines = [f"# transformers serve --continuous-batching, Liger Qwen3, {args.tokens} tokens per step", "",
              f"`{report['command']}`; seed {seed}; {report['date']}; "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
-             "| arm | process s | ready s | first request s | compiles first request / after | mix s | worst request s |",
+             "| arm | process s | ready s | first request s | compiles first request / after | mix s | "
+             "worst request s |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:

@@ -119,9 +119,10 @@ def providers(vllm_config=None) -> list:
     from ...providers.vllm_fused_moe import VllmFusedMoEProvider
     from ...providers.vllm_mhc import VllmMhcProvider
     from ...providers.vllm_sampler import VllmFlashInferSamplerProvider
+    from ...providers.vllm_spec_decode import VllmSpecDecodeProvider
 
     return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config), VllmMhcProvider(),
-            VllmFlashInferSamplerProvider(vllm_config)]
+            VllmFlashInferSamplerProvider(vllm_config), VllmSpecDecodeProvider(vllm_config)]
 
 
 def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
