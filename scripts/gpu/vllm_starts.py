@@ -19,6 +19,10 @@ nvcc); the jit arms then run the FlashInfer family too (``JIT_AHEAD_FAMILIES=tri
 cold arm has a FlashInfer workspace of its own, and FlashInfer's module builds (``JitSpec.build`` calls)
 are counted during the start and after ready.
 
+``--speculative eagle3``: the model gets a one-layer Eagle3 draft of random weights (3 speculative tokens);
+vLLM runs a MoE target's speculative decoding on its V1 runner, with the proposer's and the rejection
+sampler's Triton kernels each step.
+
     python scripts/gpu/vllm_starts.py --out $OUT/vllm [--model qwen3] [--tokens 8192] [--seqs 256] [--len 32768]
 """
 from __future__ import annotations
@@ -60,6 +64,21 @@ def write_model(folder: str, name: str, max_len: int) -> str:
     return path
 
 
+def write_draft(folder: str, target: str, max_len: int) -> str:
+    """A one-layer Eagle3 draft (Llama-style) for the target model, its hidden size and vocabulary."""
+    path = os.path.join(folder, "eagle3-draft")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(target, "config.json")) as f:
+        hidden = json.load(f)["hidden_size"]
+    config = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=hidden,
+                  intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=4,
+                  head_dim=64, vocab_size=32000, max_position_embeddings=max_len, rms_norm_eps=1e-6,
+                  rope_theta=1000000.0, torch_dtype="bfloat16", tie_word_embeddings=False)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
 def _count_flashinfer_builds(events: dict, phase: list) -> None:
     """FlashInfer's ``JitSpec.build`` calls (ninja runs: what a server without built modules pays), by phase."""
     try:
@@ -76,7 +95,7 @@ def _count_flashinfer_builds(events: dict, phase: list) -> None:
 
 
 def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monitor: str | None,
-        sampling: str = "greedy") -> dict:
+        sampling: str = "greedy", draft: str | None = None) -> dict:
     t0 = time.perf_counter()
     from triton import knobs
 
@@ -100,6 +119,8 @@ def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monito
                   gpu_memory_utilization=0.85, seed=0)
     if monitor:
         kwargs["jit_monitor_mode"] = monitor
+    if draft:
+        kwargs["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": 3}
     llm = LLM(**kwargs)
     ready = time.perf_counter() - t0
     phase[0] = "serving"
@@ -146,12 +167,14 @@ def main() -> int:
                         help="keep the model and the arms' caches in FOLDER, so that a later call on the same warm "
                              "machine adds arms on them (default: a temporary folder)")
     parser.add_argument("--sampling", choices=("greedy", "mixed"), default="greedy")
+    parser.add_argument("--speculative", choices=("none", "eagle3"), default="none")
+    parser.add_argument("--draft", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         path, seed = args.child
-        print("ARM " + json.dumps(arm(path, args.tokens, args.seqs, args.max_len, int(seed), args.monitor, args.sampling)),
-              flush=True)
+        print("ARM " + json.dumps(arm(path, args.tokens, args.seqs, args.max_len, int(seed), args.monitor, args.sampling,
+                                      args.draft)), flush=True)
         return 0
     seed = random.randrange(2**31)
     print(f"request seed {seed}", flush=True)
@@ -159,6 +182,7 @@ def main() -> int:
     with (contextlib.nullcontext(args.state) if args.state else tempfile.TemporaryDirectory()) as scratch:
         os.makedirs(scratch, exist_ok=True)
         model_path = write_model(scratch, args.model, args.max_len)
+        draft = write_draft(scratch, model_path, args.max_len) if args.speculative == "eagle3" else None
         folders = {n: os.path.join(scratch, n) for n in ("cache", "cold", "plans", "records", "tuning")}
         for index, name in enumerate(args.arms.split(",")):
             name, _, monitor = name.partition(":")
@@ -176,7 +200,7 @@ def main() -> int:
                     env["JIT_AHEAD_FAMILIES"] = "triton,flashinfer"
             cmd = [sys.executable, __file__, "--child", model_path, str(seed), "--tokens", str(args.tokens), "--seqs",
                    str(args.seqs), "--len", str(args.max_len), "--sampling", args.sampling] + (
-                       ["--monitor", monitor] if monitor else [])
+                       ["--monitor", monitor] if monitor else []) + (["--draft", draft] if draft else [])
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.arm_timeout)
@@ -201,7 +225,7 @@ def main() -> int:
 
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seed": seed,
               "versions": {**versions(), "vllm": version("vllm")},
-              "model": args.model, "config": MODELS[args.model], "limits": [args.tokens, args.seqs, args.max_len],
+              "model": args.model, "config": MODELS[args.model], "speculative": args.speculative, "limits": [args.tokens, args.seqs, args.max_len],
               "requests": REQUESTS, "command": " ".join(sys.argv), "results": results}
     lines = [f"# vLLM starts, {args.model}, limits {args.tokens} tokens, {args.seqs} sequences, length {args.max_len}", "",
              f"`{report['command']}`; seed {seed}; {report['date']}; "
