@@ -256,3 +256,25 @@ def test_a_damaged_stand_in_libcuda_is_made_again_and_modules_link_against_it(ca
     build.build(request)
     assert request.is_built()
     assert toolchain.helper_environment((9, 0), Path(WORKSPACE)) == env  # kept once it is whole
+
+
+def test_the_sampling_module_builds_in_a_helper_with_curand_headers_from_their_package():
+    # FlashInfer's sampling module (what vLLM's top-k/top-p sampler loads) includes curand.h; a toolkit without
+    # cuRAND (this machine's nvcc) lacks it, and nvidia-curand's package has it: helpers get its folder
+    toolkit = os.environ.get("CUDA_HOME") or toolchain.cuda_home()
+    if toolkit and os.path.isfile(os.path.join(toolkit, "include", "curand.h")):
+        pytest.skip("this toolkit has cuRAND's headers itself")
+    assert toolchain.library_header_folders(toolkit), "CI installs nvidia-curand beside FlashInfer"
+    from flashinfer.jit.sampling import gen_sampling_module
+
+    from jit_ahead.flashinfer.request import FlashInferModule
+
+    request = FlashInferModule.of(gen_sampling_module())
+    shutil.rmtree(request.folder, ignore_errors=True)
+    s = session(workers=1)
+    try:
+        s.families["flashinfer"].submit([request], Priority.WARMUP)
+        assert s.wait_ready(900, priority=Priority.WARMUP)
+    finally:
+        s.close()
+    assert request.is_built()

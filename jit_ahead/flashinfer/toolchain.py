@@ -10,10 +10,15 @@
   makes an empty stand-in library of that name (``cc -shared``) in its own cache folder and adds it with
   ``FLASHINFER_EXTRA_LDFLAGS``; the linker's ``--as-needed`` leaves it out of the module, which resolves
   ``libcuda.so.1`` from the driver where it runs, as FlashInfer's own builds do.
+- The CUDA libraries' headers: some modules include them (the sampling module vLLM uses, ``curand.h``), and a
+  toolkit installed without those libraries (the CPU machines' nvcc) lacks them. The include folders of their
+  pip packages (``nvidia-curand`` and the like, under ``nvidia/``) that hold a header the toolkit lacks are
+  added after the toolkit's own with ``FLASHINFER_EXTRA_CUDAFLAGS``, so a toolkit's header is still found first.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -50,6 +55,12 @@ def nvcc(environ=os.environ) -> str | None:
         return path if os.path.isfile(path) else None
     found = cuda_home(environ)
     return os.path.join(found, "bin", "nvcc") if found else shutil.which("nvcc", path=environ.get("PATH"))
+
+
+def _toolkit_of_path(environ) -> str | None:
+    """The toolkit above the nvcc on the PATH, as FlashInfer takes it where no CUDA_HOME is set."""
+    found = shutil.which("nvcc", path=environ.get("PATH"))
+    return os.path.dirname(os.path.dirname(os.path.realpath(found))) if found else None
 
 
 def has_libcuda(home: str | None) -> bool:
@@ -92,6 +103,25 @@ def stand_in_libcuda(folder: Path) -> Path | None:
     return folder
 
 
+LIBRARY_HEADERS = ("curand.h", "curand_kernel.h", "cublas_v2.h", "cublasLt.h")
+
+
+def library_header_folders(home: str | None) -> list[str]:
+    """The include folders of installed CUDA library packages that hold a header of ``LIBRARY_HEADERS``
+    the toolkit at ``home`` lacks."""
+    missing = [h for h in LIBRARY_HEADERS if not (home and os.path.isfile(os.path.join(home, "include", h)))]
+    if not missing:
+        return []
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    folders = sorted({str(folder) for root in roots for folder in Path(root).glob("*/include")
+                      if any((folder / h).is_file() for h in missing)})
+    return folders
+
+
 def helper_environment(capability: tuple[int, int], cache_folder: Path, environ=os.environ) -> dict[str, str]:
     """The variables helpers build FlashInfer's modules with (what the server's environment leaves out)."""
     env = {}
@@ -100,6 +130,11 @@ def helper_environment(capability: tuple[int, int], cache_folder: Path, environ=
     home = cuda_home(environ)
     if home is not None:
         env["CUDA_HOME"] = home
+    toolkit = home or environ.get("CUDA_HOME") or environ.get("CUDA_PATH") or _toolkit_of_path(environ)
+    headers = library_header_folders(toolkit)
+    if headers:
+        env["FLASHINFER_EXTRA_CUDAFLAGS"] = " ".join(filter(None, [environ.get("FLASHINFER_EXTRA_CUDAFLAGS"),
+                                                                   *(f"-isystem {h}" for h in headers)]))
     if not has_libcuda(home or environ.get("CUDA_HOME") or environ.get("CUDA_PATH")):
         stubs = stand_in_libcuda(cache_folder / "libcuda-stand-in")
         if stubs is not None:
