@@ -70,6 +70,17 @@ def session(workers: int) -> Session:
     return Session(families=("flashinfer",), flashinfer={"workers": workers}).start()
 
 
+def built_by_a_helper(request, timeout: float) -> None:
+    """``request`` submitted at WARMUP to a session of one helper, which builds it within ``timeout``."""
+    s = session(workers=1)
+    try:
+        s.families["flashinfer"].submit([request], Priority.WARMUP)
+        assert s.wait_ready(timeout, priority=Priority.WARMUP)
+    finally:
+        s.close()
+    assert request.is_built()
+
+
 def wait_built(request, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while not request.is_built() and time.monotonic() < deadline:
@@ -107,13 +118,7 @@ def fresh_server(act: str, **knobs) -> dict:
 def test_a_module_an_op_asks_for_on_meta_is_built_by_a_helper_and_a_fresh_server_loads_it_without_building():
     request = act_module("silu")
     assert request.name == "silu_and_mul" and not request.is_built()
-    s = session(workers=1)
-    try:
-        s.families["flashinfer"].submit([request], Priority.WARMUP)
-        assert s.wait_ready(300, priority=Priority.WARMUP)
-    finally:
-        s.close()
-    assert request.is_built()
+    built_by_a_helper(request, 300)
     stamp = json.loads(open(os.path.join(request.folder, STAMP)).read())
     assert stamp["key"] == request.key and stamp["version"] == flashinfer.__version__
     assert fresh_server("silu") == {"builds": [], "outcomes": ["disk"], "loaded": True}
@@ -271,10 +276,4 @@ def test_the_sampling_module_builds_in_a_helper_with_curand_headers_from_their_p
 
     request = FlashInferModule.of(gen_sampling_module())
     shutil.rmtree(request.folder, ignore_errors=True)
-    s = session(workers=1)
-    try:
-        s.families["flashinfer"].submit([request], Priority.WARMUP)
-        assert s.wait_ready(900, priority=Priority.WARMUP)
-    finally:
-        s.close()
-    assert request.is_built()
+    built_by_a_helper(request, 900)
