@@ -276,6 +276,20 @@ def versions() -> dict:
     return out
 
 
+def write_report(out: str | None, stem: str, report: dict, title: str, table: list[str]) -> None:
+    """``report`` as ``out/stem.json`` and, under ``title`` and a line of its command, seed, date and
+    versions, ``table`` as ``out/stem.md``; the Markdown is printed in any case."""
+    lines = [title, "", f"`{report['command']}`; seed {report['seed']}; {report['date']}; "
+             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "", *table]
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"{stem}.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        with open(os.path.join(out, f"{stem}.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, help="a results/<date>-<what> folder")

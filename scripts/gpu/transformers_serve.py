@@ -36,7 +36,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving_loop import versions  # noqa: E402
+from serving_loop import versions, write_report  # noqa: E402
 
 REQUESTS = 48
 CONCURRENT = 16
@@ -183,26 +183,18 @@ def main() -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seed": seed,
               "versions": versions(), "tokens": args.tokens, "requests": REQUESTS, "concurrent": CONCURRENT,
               "command": " ".join(sys.argv), "results": results}
-    lines = [f"# transformers serve --continuous-batching, Liger Qwen3, {args.tokens} tokens per step", "",
-             f"`{report['command']}`; seed {seed}; {report['date']}; "
-             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
-             "| arm | process s | ready s | first request s | compiles first request / after | mix s | "
+    table = ["| arm | process s | ready s | first request s | compiles first request / after | mix s | "
              "worst request s |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['arm']} | {r['process_s']} | error: {r['error']} |||||")
+            table.append(f"| {r['arm']} | {r['process_s']} | error: {r['error']} |||||")
             continue
-        lines.append(f"| {r['arm']} | {r['process_s']} | {r['ready_s']} | {r['first_request_s']} | "
+        table.append(f"| {r['arm']} | {r['process_s']} | {r['ready_s']} | {r['first_request_s']} | "
                      f"{r['compiles_first_request']} / {r['compiles_after_first']} | {r['mix_s']} | "
                      f"{r['worst_request_s']} |")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "transformers_serve.json"), "w") as f:
-            json.dump(report, f, indent=1)
-        with open(os.path.join(args.out, "transformers_serve.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "transformers_serve", report,
+                 f"# transformers serve --continuous-batching, Liger Qwen3, {args.tokens} tokens per step", table)
     return 0
 
 

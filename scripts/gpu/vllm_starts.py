@@ -39,7 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving_loop import versions  # noqa: E402
+from serving_loop import versions, write_report  # noqa: E402
 
 REQUESTS = 64
 MODELS = {
@@ -227,27 +227,20 @@ def main() -> int:
               "versions": {**versions(), "vllm": version("vllm")},
               "model": args.model, "config": MODELS[args.model], "speculative": args.speculative, "limits": [args.tokens, args.seqs, args.max_len],
               "requests": REQUESTS, "command": " ".join(sys.argv), "results": results}
-    lines = [f"# vLLM starts, {args.model}, limits {args.tokens} tokens, {args.seqs} sequences, length {args.max_len}", "",
-             f"`{report['command']}`; seed {seed}; {report['date']}; "
-             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), "",
-             "| arm | process s | ready s | serving s | compiles start / after ready | loads start / after ready | "
+    table = ["| arm | process s | ready s | serving s | compiles start / after ready | loads start / after ready | "
              "FlashInfer builds start / after ready | monitor error | kernels compiled or loaded after ready |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['arm']} | {r['process_s']} | error: {r['error'][-200:]!r} ||||||")
+            table.append(f"| {r['arm']} | {r['process_s']} | error: {r['error'][-200:]!r} ||||||")
             continue
-        lines.append(f"| {r['arm']} | {r['process_s']} | {r['ready_s']} | {r['serving_s']} | {r['start_compiles']} / "
+        table.append(f"| {r['arm']} | {r['process_s']} | {r['ready_s']} | {r['serving_s']} | {r['start_compiles']} / "
                      f"{r['serving_compiles']} | {r['start_loads']} / {r['serving_loads']} | "
                      f"{len(r['flashinfer_builds_start'])} / {len(r['flashinfer_builds_after_ready'])} | {bool(r['monitor_error'])} | "
                      f"{', '.join(r['serving_kernels'][:12])} |")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "vllm_starts.json"), "w") as f:
-            json.dump(report, f, indent=1)
-        with open(os.path.join(args.out, "vllm_starts.md"), "w") as f:
-            f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "vllm_starts", report,
+                 f"# vLLM starts, {args.model}, limits {args.tokens} tokens, {args.seqs} sequences, length {args.max_len}",
+                 table)
     return 0
 
 
