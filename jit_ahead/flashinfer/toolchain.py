@@ -57,12 +57,6 @@ def nvcc(environ=os.environ) -> str | None:
     return os.path.join(found, "bin", "nvcc") if found else shutil.which("nvcc", path=environ.get("PATH"))
 
 
-def _toolkit_of_path(environ) -> str | None:
-    """The toolkit above the nvcc on the PATH, as FlashInfer takes it where no CUDA_HOME is set."""
-    found = shutil.which("nvcc", path=environ.get("PATH"))
-    return os.path.dirname(os.path.dirname(os.path.realpath(found))) if found else None
-
-
 def has_libcuda(home: str | None) -> bool:
     folders = [os.path.join(home, "lib64", "stubs")] if home else []
     folders += ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib"]
@@ -130,8 +124,8 @@ def helper_environment(capability: tuple[int, int], cache_folder: Path, environ=
     home = cuda_home(environ)
     if home is not None:
         env["CUDA_HOME"] = home
-    toolkit = home or environ.get("CUDA_HOME") or environ.get("CUDA_PATH") or _toolkit_of_path(environ)
-    headers = library_header_folders(toolkit)
+    compiler = nvcc(environ)  # the toolkit above it is the one FlashInfer's builds include from
+    headers = library_header_folders(os.path.dirname(os.path.dirname(compiler)) if compiler else None)
     if headers:
         env["FLASHINFER_EXTRA_CUDAFLAGS"] = " ".join(filter(None, [environ.get("FLASHINFER_EXTRA_CUDAFLAGS"),
                                                                    *(f"-isystem {h}" for h in headers)]))
