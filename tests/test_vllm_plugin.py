@@ -572,6 +572,77 @@ jit_ahead.stop()
     assert result["planned"] == (result["reached"] if flashinfer_sampler else []), f"seed {seed}"
 
 
+@pytest.mark.parametrize("kv_cache, cubins", [("auto", False), ("auto", True), ("fp8", True)])
+def test_the_worker_plans_the_flashinfer_modules_of_vllms_flashinfer_attention_layers(tmp_path, kv_cache, cubins):
+    # vLLM's Attention layers on its FlashInfer backend (8 query heads, 2 KV heads of 128), in a process that
+    # answers as an H200 worker does (vLLM's platform and torch's device queries; the GPU image's CUDA torch):
+    # planned through the session as the worker plans them, one prefill and one decode module per layer form.
+    # Decode is XQA where vLLM finds FlashInfer's cubins (VLLM_HAS_FLASHINFER_CUBIN), else FlashInfer's
+    # tensor-core decode. Against: FlashInfer's own XQA call on meta tensors shaped as vLLM's forward gives
+    # them, and the module names FlashInfer's own URI function gives the paged wrappers' requests (fa3 for
+    # prefill, fa2 for decode: their plan() cannot run without pinned host memory, a CUDA machine's).
+    pytest.importorskip("flashinfer", reason="flashinfer-python is installed in CI's Triton 3.6 environment")
+    code = f"""
+import torch
+torch.version.cuda = "13.0"  # the GPU image's torch: FlashInfer's fa3 needs CUDA 12.3 or later
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.attention.attention import Attention
+from tests.vllm_layers import moe_model, viewed_cuda_platform
+moe_model({{}})
+config = EngineArgs(model={str(tmp_path / "model")!r}, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                    max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=32768, block_size=16,
+                    kv_cache_dtype={kv_cache!r}).create_engine_config()
+context = set_current_vllm_config(config)
+context.__enter__()
+viewed_cuda_platform()
+import vllm.platforms, vllm.utils.flashinfer as vllm_flashinfer
+import vllm.v1.attention.backends.flashinfer as backend
+for module in (vllm_flashinfer, backend):  # imported under vLLM's CPU platform: what a GPU worker's would hold
+    module.current_platform = vllm.platforms._current_platform
+vllm_flashinfer.supports_trtllm_attention.cache_clear()
+with torch.device("meta"):
+    model = torch.nn.ModuleDict({{f"layer{{i}}": Attention(8, 128, 128 ** -0.5, num_kv_heads=2, prefix=f"layer{{i}}",
+                                                        cache_config=config.cache_config, attn_backend=backend.FlashInferBackend)
+                                 for i in range(2)}})
+import jit_ahead
+from jit_ahead.engines.vllm import worker
+from jit_ahead.engines.vllm.limits import limits_from
+from jit_ahead.flashinfer.plan import capture, planned_call
+session = jit_ahead.current()
+session.plan_model(model, limits_from(config), providers=worker.providers(config))
+assert session.wait_planned(300, priority=None)
+planned = sorted(r.name for r in session.families["flashinfer"].executor.planned_requests())
+from flashinfer.decode import trtllm_batch_decode_with_kv_cache
+from flashinfer.jit.attention.modules import get_batch_prefill_uri
+meta, kv = torch.device("meta"), backend.FlashInferBackend.get_dtype_for_flashinfer({kv_cache!r}) if {kv_cache!r} != "auto" else torch.bfloat16
+with capture() as xqa:  # vLLM's FlashInferImpl.forward on its decode tokens: query and output in the model's dtype
+    query = torch.empty(4, 8, 128, dtype=torch.bfloat16, device=meta)
+    planned_call(trtllm_batch_decode_with_kv_cache, query=query, kv_cache=torch.empty(64, 2, 16, 2, 128, dtype=kv, device=meta),
+                 workspace_buffer=torch.empty(1 << 20, dtype=torch.uint8, device=meta),
+                 block_tables=torch.empty(4, 8, dtype=torch.int32, device=meta),
+                 seq_lens=torch.empty(4, dtype=torch.int32, device=meta), max_seq_len=128, bmm1_scale=1.0, bmm2_scale=1.0,
+                 window_left=-1, sinks=None, out=torch.empty_like(query), kv_layout="NHD", backend="xqa", q_len_per_req=1)
+q_prefill = kv  # vLLM quantizes the prefill query to an FP8 cache's dtype on sm_90
+prefill = get_batch_prefill_uri("fa3", q_prefill, kv, torch.bfloat16, torch.int32, 128, 128, 0, False, False, False)
+native_decode = get_batch_prefill_uri("fa2", torch.bfloat16, kv, torch.bfloat16, torch.int32, 128, 128, 0, False, False, False)
+print("MODULES " + json.dumps({{"planned": planned, "xqa": [r.name for r in xqa.requests], "prefill": prefill,
+                               "native_decode": native_decode}}))
+jit_ahead.stop()
+"""
+    attention_model_dir(tmp_path / "model")
+    proc = run_vllm(code, tmp_path, JIT_AHEAD_FAMILIES="triton,flashinfer", JIT_AHEAD_TRITON_WORKERS="0",
+                    JIT_AHEAD_FLASHINFER_WORKERS="0", JIT_AHEAD_PLANNERS="1", FLASHINFER_CUDA_ARCH_LIST="9.0a",
+                    FLASHINFER_WORKSPACE_BASE=str(tmp_path), VLLM_HAS_FLASHINFER_CUBIN="1" if cubins else "0",
+                    # no cubins: vLLM asks NVIDIA's artifactory; refused at once here, as offline
+                    HTTPS_PROXY="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    result = printed(proc, "MODULES")
+    decode = result["xqa"] if cubins else [result["native_decode"]]
+    assert result["prefill"].endswith("_sm90") and len(decode) == 1, result
+    assert result["planned"] == sorted([result["prefill"], *decode]), result
+    assert not [line for line in proc.stderr.splitlines() if "is not planned" in line]
+
+
 def spec_decode_model_dirs(path) -> None:
     """A two-layer Qwen3-MoE target and a one-layer Eagle3 draft for it, saved under ``path``."""
     from transformers import LlamaConfig, Qwen3MoeConfig

@@ -130,13 +130,10 @@ class AttentionRunner:
                 layer(query, key, value)
 
 
-def tilelang_kernels_for_gpu():
-    """vLLM's TileLang kernel module as a CUDA worker imports it. It picks TileLang, its pass configs and
-    PDL from the platform at import, and vLLM's CPU platform gives it none of them: it is imported under a
-    platform that answers as the device view's GPU does (the session installs the view: an H200 on a
-    CPU-only machine), then the CPU platform is put back for everything else."""
+def _viewed_cuda():
+    """A vLLM CUDA platform that answers as the device view's GPU does (the session installs the view: an
+    H200 on a CPU-only machine)."""
     import torch
-    import vllm.platforms
     from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
 
     class ViewedCuda(Platform):
@@ -151,8 +148,27 @@ def tilelang_kernels_for_gpu():
         def is_arch_support_pdl(cls):  # CudaPlatform's own test
             return torch.cuda.get_device_capability(0)[0] >= 9
 
+    return ViewedCuda()
+
+
+def viewed_cuda_platform() -> None:
+    """vLLM's platform from here on answers as the device view's GPU does, for what vLLM decides from it: its
+    FlashInfer backend's decode kernel and dtypes. Import vLLM's layer modules first: under it they would
+    import CUDA extensions."""
+    import vllm.platforms
+
+    vllm.platforms._current_platform = _viewed_cuda()
+
+
+def tilelang_kernels_for_gpu():
+    """vLLM's TileLang kernel module as a CUDA worker imports it. It picks TileLang, its pass configs and
+    PDL from the platform at import, and vLLM's CPU platform gives it none of them: it is imported under a
+    platform that answers as the device view's GPU does, then the CPU platform is put back for everything
+    else."""
+    import vllm.platforms
+
     cpu = vllm.platforms._current_platform
-    vllm.platforms._current_platform = ViewedCuda()
+    vllm.platforms._current_platform = _viewed_cuda()
     try:
         import vllm.model_executor.kernels.mhc.tilelang_kernels as kernels
     finally:

@@ -22,7 +22,8 @@ to ``max_num_seqs``: each integer class on each side of every boundary, whatever
 parity test (``tests/test_vllm_plugin.py``) checks this against random real batches through vLLM's own
 ``Attention.forward``.
 
-Not planned (one line per reason, naming the first such layer): layers on another backend, encoder
+Not planned (one line per reason, naming the first such layer): layers on another backend (but FlashInfer's:
+``vllm_flashinfer_attention`` plans those), encoder
 attention, quantized KV caches, and KV-cache specs other than full and sliding-window attention (a hybrid
 model's attention block size is only settled with its KV-cache configuration, after planning).
 WARMUP: decode batches at vLLM's CUDA-graph capture sizes, and one prefill.
@@ -40,6 +41,7 @@ import torch
 from ..core.planning.limits import EngineLimits
 from ..core.priority import Priority
 from .base import PlannedLaunch, distinct_sites, imported
+from .vllm_flashinfer_attention import on_flashinfer
 from .vllm_platform import VllmProvider
 from .vllm_warmup import EXTRA_LIMITS, worker_config
 
@@ -110,16 +112,14 @@ class VllmTritonAttentionProvider(VllmProvider):
                "vllm.v1.worker.block_table")
     extra_limits = EXTRA_LIMITS
 
-    def __init__(self, vllm_config=None) -> None:
-        self.vllm_config = vllm_config  # the worker's; None: the current one (vLLM's model construction sets it)
-
     def find_layers(self, model) -> list:
         attention = imported(ATTENTION_MODULE)
         if attention is None:
             return []
         vllm_config = worker_config(self.vllm_config)
         return distinct_sites(((name, _site(name, layer, vllm_config)) for name, layer in model.named_modules()
-                               if isinstance(layer, attention.Attention)), "vllm attention", log)
+                               if isinstance(layer, attention.Attention) and not on_flashinfer(layer)),
+                              "vllm attention", log)
 
     def launches(self, layers: list, limits: EngineLimits) -> Iterator[PlannedLaunch]:
         captured = set(limits.extra.get("vllm", {}).get("cudagraph_capture_sizes", ())) | set(

@@ -69,5 +69,8 @@ _failed: set[str] = set()
 class VllmProvider(Provider):
     """A provider of vLLM's kernels: in a planner process, vLLM's device queries work (see above)."""
 
+    def __init__(self, vllm_config=None) -> None:
+        self.vllm_config = vllm_config  # the worker's; None: the current one (vLLM's model construction sets it)
+
     def enter_planner(self) -> None:
         answer_failed_queries_from_view()

@@ -35,9 +35,6 @@ class VllmFlashInferSamplerProvider(VllmProvider):
     library = "vllm"
     family = "flashinfer"
 
-    def __init__(self, vllm_config=None) -> None:
-        self.vllm_config = vllm_config  # the worker's; None: the current one
-
     def find_layers(self, model) -> list:
         sampler = imported(SAMPLER_MODULE)
         if sampler is None:

@@ -95,9 +95,6 @@ class VllmSpecDecodeProvider(VllmProvider):
     modules = ("vllm.v1.spec_decode.utils", "vllm.v1.sample.rejection_sampler", "vllm.v1.sample.ops.topk_topp_triton")
     extra_limits = EXTRA_LIMITS
 
-    def __init__(self, vllm_config=None) -> None:
-        self.vllm_config = vllm_config  # the worker's; None: the current one
-
     def find_layers(self, model) -> list:
         # the worker's configuration says whether its runner speculates (and so imports the rejection sampler)
         site = spec_decode_site(worker_config(self.vllm_config))

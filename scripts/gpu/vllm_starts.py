@@ -19,6 +19,10 @@ nvcc); the jit arms then run the FlashInfer family too (``JIT_AHEAD_FAMILIES=tri
 cold arm has a FlashInfer workspace of its own, and FlashInfer's module builds (``JitSpec.build`` calls)
 are counted during the start and after ready.
 
+``--attention flashinfer``: vLLM's FlashInfer attention backend instead of its Triton one (its prefill and
+decode modules are FlashInfer JIT modules, built with nvcc in the server's warmup without jit_ahead); the
+jit arms run the FlashInfer family, and FlashInfer's module builds are counted as with ``--sampling mixed``.
+
 ``--speculative eagle3``: the model gets a one-layer Eagle3 draft of random weights (3 speculative tokens);
 vLLM runs a MoE target's speculative decoding on its V1 runner, with the proposer's and the rejection
 sampler's Triton kernels each step.
@@ -95,7 +99,7 @@ def _count_flashinfer_builds(events: dict, phase: list) -> None:
 
 
 def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monitor: str | None,
-        sampling: str = "greedy", draft: str | None = None) -> dict:
+        sampling: str = "greedy", draft: str | None = None, attention: str = "triton") -> dict:
     t0 = time.perf_counter()
     from triton import knobs
 
@@ -110,12 +114,13 @@ def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monito
                      **kwargs)
 
     knobs.compilation.listener = listener
-    if sampling == "mixed":
+    if sampling == "mixed" or attention == "flashinfer":
         _count_flashinfer_builds(events, phase)
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=model_path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                  max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len, attention_backend="TRITON_ATTN",
+                  max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len,
+                  attention_backend="FLASHINFER" if attention == "flashinfer" else "TRITON_ATTN",
                   gpu_memory_utilization=0.85, seed=0)
     if monitor:
         kwargs["jit_monitor_mode"] = monitor
@@ -168,13 +173,14 @@ def main() -> int:
                              "machine adds arms on them (default: a temporary folder)")
     parser.add_argument("--sampling", choices=("greedy", "mixed"), default="greedy")
     parser.add_argument("--speculative", choices=("none", "eagle3"), default="none")
+    parser.add_argument("--attention", choices=("triton", "flashinfer"), default="triton")
     parser.add_argument("--draft", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         path, seed = args.child
         print("ARM " + json.dumps(arm(path, args.tokens, args.seqs, args.max_len, int(seed), args.monitor, args.sampling,
-                                      args.draft)), flush=True)
+                                      args.draft, args.attention)), flush=True)
         return 0
     seed = random.randrange(2**31)
     print(f"request seed {seed}", flush=True)
@@ -196,10 +202,10 @@ def main() -> int:
             if name.startswith("jit"):
                 env.update(JIT_AHEAD="1", JIT_AHEAD_PLAN_DIR=folders["plans"], JIT_AHEAD_RECORD_DIR=folders["records"],
                            JIT_AHEAD_TUNING_DIR=folders["tuning"])
-                if args.sampling == "mixed":
+                if args.sampling == "mixed" or args.attention == "flashinfer":
                     env["JIT_AHEAD_FAMILIES"] = "triton,flashinfer"
             cmd = [sys.executable, __file__, "--child", model_path, str(seed), "--tokens", str(args.tokens), "--seqs",
-                   str(args.seqs), "--len", str(args.max_len), "--sampling", args.sampling] + (
+                   str(args.seqs), "--len", str(args.max_len), "--sampling", args.sampling, "--attention", args.attention] + (
                        ["--monitor", monitor] if monitor else []) + (["--draft", draft] if draft else [])
             t0 = time.perf_counter()
             try:
@@ -225,7 +231,7 @@ def main() -> int:
 
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "seed": seed,
               "versions": {**versions(), "vllm": version("vllm")},
-              "model": args.model, "config": MODELS[args.model], "speculative": args.speculative, "limits": [args.tokens, args.seqs, args.max_len],
+              "model": args.model, "config": MODELS[args.model], "speculative": args.speculative, "attention": args.attention, "limits": [args.tokens, args.seqs, args.max_len],
               "requests": REQUESTS, "command": " ".join(sys.argv), "results": results}
     table = ["| arm | process s | ready s | serving s | compiles start / after ready | loads start / after ready | "
              "FlashInfer builds start / after ready | monitor error | kernels compiled or loaded after ready |",

@@ -116,13 +116,15 @@ def providers(vllm_config=None) -> list:
     worker's; None, the current one). transformers' model planner is not among them: a vLLM forward needs
     the engine's forward context and CUDA ops."""
     from ...providers.vllm_attention import VllmTritonAttentionProvider
+    from ...providers.vllm_flashinfer_attention import VllmFlashInferAttentionProvider
     from ...providers.vllm_fused_moe import VllmFusedMoEProvider
     from ...providers.vllm_mhc import VllmMhcProvider
     from ...providers.vllm_sampler import VllmFlashInferSamplerProvider
     from ...providers.vllm_spec_decode import VllmSpecDecodeProvider
 
     return [VllmFusedMoEProvider(), VllmTritonAttentionProvider(vllm_config), VllmMhcProvider(),
-            VllmFlashInferSamplerProvider(vllm_config), VllmSpecDecodeProvider(vllm_config)]
+            VllmFlashInferAttentionProvider(vllm_config), VllmFlashInferSamplerProvider(vllm_config),
+            VllmSpecDecodeProvider(vllm_config)]
 
 
 def _after_model_built(model, *args, vllm_config=None, **kwargs) -> None:
