@@ -161,6 +161,25 @@ def test_a_module_a_server_built_is_recorded_and_built_by_helpers_at_the_next_st
     assert fresh_server("gelu_tanh") == {"builds": [], "outcomes": ["disk"], "loaded": True}
 
 
+def test_a_module_whose_folder_is_read_only_once_built_loads_with_no_build(tmp_path):
+    # An image's modules, built ahead by helpers and then mounted read-only (a real read-only tmpfs: root
+    # cannot write there either): the server loads them, with no build and nothing written.
+    request = act_module("gelu")
+    os.makedirs(request.folder)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", request.folder], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        built_by_a_helper(request, 300)
+        subprocess.run(["mount", "-o", "remount,ro", request.folder], check=True)
+        with pytest.raises(OSError, match="Read-only file system"):
+            open(os.path.join(request.folder, "probe"), "w")
+        assert fresh_server("gelu") == {"builds": [], "outcomes": ["disk"], "loaded": True}
+    finally:
+        subprocess.run(["umount", "-l", request.folder], check=False)
+
+
 def test_a_stamp_of_another_build_or_a_damaged_one_is_not_taken_as_built():
     request = act_module("silu")
     build.build(request)
