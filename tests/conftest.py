@@ -121,3 +121,31 @@ def import_probe(tmp_path, monkeypatch) -> tuple[str, object]:
         f"import os\nopen({str(marker)!r}, 'a').write(str(os.getpid()) + '\\n')\n")
     monkeypatch.syspath_prepend(str(module_dir))  # helpers get the pool's sys.path
     return "tests_import_probe", marker
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 256 KiB tmpfs of the test's own (a real file system to fill up or make read-only; root cannot
+    write past either); skipped where nothing can be mounted."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder) -> None:
+    """Write into ``folder`` until its file system is full: every later write there fails with ENOSPC."""
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+

@@ -12,7 +12,7 @@ from jit_ahead.core.records import RecordFolder, rank_tag
 from jit_ahead.triton import capture
 from jit_ahead.triton.record import RecordedVariant, record_format
 
-from .conftest import REPO, without_jit_ahead
+from .conftest import REPO, fill, without_jit_ahead
 from .kernels import basic as k
 
 TARGET = ("cuda", 90, 32)
@@ -383,26 +383,11 @@ def test_variant_and_autotune_records_share_a_folder_without_reading_each_other(
 
 
 @pytest.fixture
-def full_disk(tmp_path):
-    """A 256 KiB tmpfs, filled up: every write in it fails with ENOSPC."""
-    mount = tmp_path / "full"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        (mount / "records").mkdir(mode=0o700)
-        with open(mount / "filler", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+def full_disk(small_tmpfs):
+    """A small tmpfs, filled up: every write in it fails with ENOSPC."""
+    (small_tmpfs / "records").mkdir(mode=0o700)
+    fill(small_tmpfs)
+    return small_tmpfs
 
 
 def test_records_on_a_full_disk_are_one_line_and_recording_stops(full_disk, caplog):

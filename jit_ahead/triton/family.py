@@ -23,7 +23,7 @@ from ..core.records import (RecordFolder, RecordFormat, is_dotted_name, keeps_tu
 from ..core.observing.stats import Stats
 from ..core.building.table import Ticket
 from ..registry import workers_knob
-from . import autotune, cache_check, hook
+from . import autotune, cache_check, hook, store_cache
 from .executor import TritonExecutor
 from .installation_key import compute_installation_key_in_background
 from .record import RecordedVariant, record_format
@@ -62,6 +62,7 @@ class TritonFamily(Family):
         self._tuning_lock = threading.Lock()
         self._closing = False
         self._key_timer: threading.Timer | None = None
+        self._store_manager = None  # what store_cache.use_store() changed, put back at close
         self._tuning: dict[tuple, tuple] = {}  # task identity -> (priority, order, TuningTask)
 
     @property
@@ -70,6 +71,7 @@ class TritonFamily(Family):
 
     def start(self) -> None:
         self._key_timer = compute_installation_key_in_background(delay=INSTALLATION_KEY_DELAY_S)
+        self._store_manager = store_cache.use_store()  # before helpers start: they inherit it
         super().start()
         log.info("triton: %d helpers, cache %s", self.pool.workers, self.cache_dir)
 
@@ -78,6 +80,7 @@ class TritonFamily(Family):
             self._key_timer.cancel()
         self._closing = True  # a replay thread still reading forgets what it adds (_open_tuning_records)
         super().close(grace)
+        store_cache.stop_using_store(self._store_manager)
         self._keep_checked()  # what the launches found sound since the last plan or replay
         autotune.KNOWN.forget(self)  # the choices this session read go with it
 

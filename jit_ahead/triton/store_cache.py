@@ -1,0 +1,120 @@
+"""Triton's kernels shared through jit_ahead's store (``JIT_AHEAD_STORE``), by Triton's own plugin point: a
+cache manager (``TRITON_CACHE_MANAGER``) that is Triton's file cache with the store behind it.
+
+A kernel Triton looks up and does not find on local disk is fetched from the store (one entry per cache
+group: the metadata and every file of the compiled kernel, all or nothing), checked against its frame,
+and written into the local cache as Triton writes it; a kernel Triton puts in its local cache (compiled
+here, or by a helper) is published to the store. The entry's name is Triton's own cache key, which names
+Triton's version, the target, the source and the options: an entry of another Triton or GPU is never found.
+A store that fails costs one line per kind of trouble; the kernel is compiled here as without a store.
+Files Triton caches outside groups (its compiled launcher modules) stay local.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+
+from triton.runtime.cache import FileCacheManager
+
+from ..core.store import StoreError, configured
+
+log = logging.getLogger("jit_ahead.triton.store")
+
+PLUGIN = f"{__name__}:StoreCacheManager"
+_said: set[str] = set()
+_publishing = [True]  # off once the store refused a publish: a full or read-only store is not retried per kernel
+
+
+def _once(kind: str, message: str, *args) -> None:
+    if kind not in _said:
+        _said.add(kind)
+        log.warning(message, *args)
+
+
+def entry_name(key: str, filename: str) -> str:
+    return f"triton/{key}/{filename}"
+
+
+class StoreCacheManager(FileCacheManager):
+    def __init__(self, key, override=False, dump=False):
+        super().__init__(key, override=override, dump=dump)
+        self._store = None if (override or dump) else configured()
+
+    def get_group(self, filename: str):
+        group = super().get_group(filename)
+        if group is not None or self._store is None:
+            return group
+        name = entry_name(self.key, filename)
+        try:
+            payload = self._store.get(name)
+            if payload is None:
+                return None
+            files = _unbundle(payload, filename)
+        except StoreError as exc:
+            _once("get", "jit_ahead store %s: %s; skipped, compiled here (each unusable entry is skipped alike)",
+                  self._store.describe(), exc)
+            return None
+        paths = {child: FileCacheManager.put(self, data, child, binary=True) for child, data in files.items()}
+        FileCacheManager.put_group(self, filename, paths)
+        return paths
+
+    def put_group(self, filename: str, group):
+        path = super().put_group(filename, group)
+        if self._store is not None and _publishing[0]:
+            try:
+                self._store.put(entry_name(self.key, filename), _bundle(group))
+            except (StoreError, OSError) as exc:
+                _publishing[0] = False
+                _once("put", "jit_ahead store %s: could not publish (%s); this process publishes nothing more, and "
+                      "serves on", self._store.describe(), exc)
+        return path
+
+
+def _bundle(group: dict) -> bytes:
+    files = {}
+    for child, path in group.items():
+        with open(path, "rb") as f:
+            files[child] = base64.b64encode(f.read()).decode("ascii")
+    return json.dumps({"files": files}, sort_keys=True).encode()
+
+
+def _unbundle(payload: bytes, filename: str) -> dict[str, bytes]:
+    try:
+        files = json.loads(payload)["files"]
+        decoded = {child: base64.b64decode(data, validate=True) for child, data in files.items()}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"a kernel group that does not decode ({type(exc).__name__})") from None
+    if filename not in decoded or any(os.path.basename(child) != child or child.startswith(".") for child in decoded):
+        raise StoreError(f"a kernel group without {filename} or with a file name that is not plain")
+    return decoded
+
+
+_NOT_SET = object()
+
+
+def use_store():
+    """Where a store is configured, Triton's cache manager becomes this one for this process and the helpers
+    it starts (``TRITON_CACHE_MANAGER``, which Triton reads at each lookup); a manager the user set is kept,
+    with one line. Returns what ``stop_using_store`` puts back (None: nothing was changed)."""
+    store = configured()
+    if store is None:
+        return None
+    current = os.environ.get("TRITON_CACHE_MANAGER")
+    if current and current != PLUGIN:
+        log.warning("TRITON_CACHE_MANAGER=%s is set: Triton's kernels are not shared through the jit_ahead store %s",
+                    current, store.describe())
+        return None
+    os.environ["TRITON_CACHE_MANAGER"] = PLUGIN
+    log.info("triton: kernels are fetched from and published to the jit_ahead store %s", store.describe())
+    return _NOT_SET if current is None else current
+
+
+def stop_using_store(previous) -> None:
+    if previous is None or os.environ.get("TRITON_CACHE_MANAGER") != PLUGIN:
+        return
+    if previous is _NOT_SET:
+        del os.environ["TRITON_CACHE_MANAGER"]
+    else:
+        os.environ["TRITON_CACHE_MANAGER"] = previous

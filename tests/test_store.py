@@ -1,0 +1,152 @@
+"""jit_ahead's store (``JIT_AHEAD_STORE``, a folder) and Triton's kernels shared through it: "nodes" are fresh
+processes with Triton caches of their own on one store. Faults are real: entries damaged or cut short on
+disk, a full and a read-only file system (tmpfs), concurrent writers, a FIFO in an entry's place."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jit_ahead.core.store import StoreError
+from jit_ahead.core.store.base import frame, unframe
+from jit_ahead.core.store.directory import DirectoryStore
+
+from .conftest import REPO, fill, without_jit_ahead
+
+NODE = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+import torch
+from triton import knobs
+loads = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit, **kw: loads.append(cache_hit)
+from jit_ahead.session import Session
+from jit_ahead.triton.standin import ensure_driver
+from tests.kernels.basic import add_kernel
+ensure_driver()
+session = Session(triton={"workers": int(sys.argv[1])}).start()
+x = torch.empty(1024, device="meta")
+if int(sys.argv[1]):  # built ahead by a helper, which publishes it from its own process
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.triton.plan import plan_launch
+    session.families["triton"].submit(plan_launch(add_kernel, x, x, x, 1024, BLOCK=256, grid=(4,)), Priority.WARMUP)
+    assert session.wait_ready(300, priority=Priority.WARMUP)
+add_kernel[(4,)](x, x, x, 1024, BLOCK=256)
+session.close()
+print("NODE " + json.dumps({"compiled_here": loads.count(False)}))
+"""
+
+
+def node(tmp_path, name: str, store, workers: int = 0, **env) -> tuple[dict, list[str]]:
+    """One node: a fresh process with a Triton cache of its own, launching one kernel; what it compiled
+    itself, and its jit_ahead store lines."""
+    environ = {**without_jit_ahead(os.environ), "PYTHONPATH": str(REPO), "TRITON_CACHE_DIR": str(tmp_path / name),
+               "JIT_AHEAD_STORE": str(store), **env}
+    proc = subprocess.run([sys.executable, "-c", NODE, str(workers)], cwd=REPO, env=environ, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("NODE "))[5:])
+    return result, [line for line in proc.stderr.splitlines() if "store" in line and "jit_ahead" in line]
+
+
+def entries(store) -> list:
+    return sorted(p for p in (store / "entries").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_second_node_on_the_store_compiles_nothing_the_first_published(tmp_path, workers):
+    # The first node builds the kernel (in place, or in a helper, which publishes from its own process); the
+    # second, with an empty Triton cache of its own, fetches it: no compile.
+    store = tmp_path / "store"
+    first, said = node(tmp_path, "node1", store, workers)
+    assert first["compiled_here"] == (1 - workers) and len(entries(store)) == 1 and said == []
+    second, said = node(tmp_path, "node2", store)
+    assert second == {"compiled_here": 0} and said == []
+
+
+@pytest.mark.parametrize("fault", ["damaged", "cut short"])
+def test_an_entry_damaged_or_cut_short_is_skipped_with_one_line_and_the_kernel_is_compiled_here(tmp_path, fault):
+    store = tmp_path / "store"
+    node(tmp_path, "node1", store)
+    (entry,) = entries(store)
+    data = bytearray(entry.read_bytes())
+    if fault == "damaged":
+        data[-10] ^= 0xFF  # one byte of the kernel's files
+    else:
+        del data[len(data) // 2:]
+    entry.write_bytes(bytes(data))
+    second, said = node(tmp_path, "node2", store)
+    assert second["compiled_here"] == 1
+    assert len(said) == 1 and fault in said[0] and "compiled here" in said[0], said
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_store_that_cannot_be_written_costs_one_line_and_the_node_serves_on(tmp_path, small_tmpfs, fault):
+    store = small_tmpfs / "store"
+    DirectoryStore(store)
+    if fault == "full":
+        fill(small_tmpfs)
+    else:
+        subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    first, said = node(tmp_path, "node1", store)
+    assert first["compiled_here"] == 1 and entries(store) == []
+    assert len(said) == 1 and "could not publish" in said[0] and "serves on" in said[0], said
+
+
+def test_a_cache_manager_the_user_set_is_kept_with_one_line(tmp_path):
+    result, said = node(tmp_path, "node1", tmp_path / "store",
+                        TRITON_CACHE_MANAGER="triton.runtime.cache:FileCacheManager")
+    assert result["compiled_here"] == 1 and entries(tmp_path / "store") == []
+    assert len(said) == 1 and "TRITON_CACHE_MANAGER=triton.runtime.cache:FileCacheManager" in said[0], said
+
+
+def test_frames_refuse_what_this_jit_ahead_did_not_write_whole():
+    payload = b"kernel bytes" * 100
+    assert unframe("e", frame(payload)) == payload
+    for bad, why in [(frame(payload)[:-1], "cut short"), (frame(payload)[:-1] + b"X", "damaged"),
+                     (b"another format\n" + payload, "format"), (payload, "format")]:
+        with pytest.raises(StoreError, match=why):
+            unframe("e", bad)
+
+
+def test_a_directory_store_refuses_names_outside_it_and_a_fifo_in_an_entrys_place(tmp_path):
+    store = DirectoryStore(tmp_path / "store")
+    for name in ["../out", "/abs", "a//b", "a/./b", ""]:
+        with pytest.raises(ValueError):
+            store.put(name, b"x")
+    os.makedirs(tmp_path / "store" / "entries" / "triton")
+    os.mkfifo(tmp_path / "store" / "entries" / "triton" / "fifo")
+    with pytest.raises(StoreError, match="not a regular file"):
+        store.get("triton/fifo")  # a blocking open would hang here
+    assert store.get("triton/none") is None
+
+
+def _publish(root: str, name: str, seed: int, rounds: int) -> None:
+    store = DirectoryStore(root)
+    for i in range(rounds):
+        store.put(name, bytes([seed]) * (4096 * (1 + (i + seed) % 64)))
+
+
+def test_concurrent_writers_never_leave_a_reader_part_of_an_entry(tmp_path):
+    # Four processes publish one name over and over with contents of different sizes while this one reads
+    # it: every read is one writer's whole entry.
+    root = str(tmp_path / "store")
+    store = DirectoryStore(root)
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_publish, args=(root, "triton/k/x.json", seed, 300)) for seed in range(1, 5)]
+    for w in writers:
+        w.start()
+    reads = 0
+    while any(w.is_alive() for w in writers):
+        data = store.get("triton/k/x.json")
+        if data is not None:
+            assert len(set(data)) == 1 and len(data) % 4096 == 0
+            reads += 1
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0
+    assert reads > 0 and os.listdir(tmp_path / "store" / "tmp") == []
