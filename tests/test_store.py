@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -150,3 +152,89 @@ def test_concurrent_writers_never_leave_a_reader_part_of_an_entry(tmp_path):
         w.join()
         assert w.exitcode == 0
     assert reads > 0 and os.listdir(tmp_path / "store" / "tmp") == []
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server of the test's own, on a free port, persisting nothing."""
+    import shutil
+    import socket
+    import time
+
+    pytest.importorskip("redis", reason="the [redis] extra is installed with [test]")
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server on this machine (.ci/run installs Debian's)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    yield server, f"redis://127.0.0.1:{port}/0"
+    if server.poll() is None:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+    server.wait()
+
+
+def redis_entries(url: str) -> list:
+    import redis
+
+    return sorted(redis.Redis.from_url(url).keys("jit_ahead:*"))
+
+
+def test_a_second_node_on_a_redis_store_compiles_nothing_the_first_published(tmp_path, redis_server):
+    _, url = redis_server
+    first, said = node(tmp_path, "node1", url)
+    assert first["compiled_here"] == 1 and len(redis_entries(url)) == 1 and said == []
+    second, said = node(tmp_path, "node2", url)
+    assert second == {"compiled_here": 0} and said == []
+
+
+@pytest.mark.parametrize("fault", ["killed", "stopped"])
+def test_a_redis_store_killed_or_stopped_costs_one_bounded_wait_and_one_line(tmp_path, redis_server, fault):
+    # The first node publishes; then the server is SIGKILLed, or SIGSTOPped (it accepts connections and never
+    # answers): the second node waits at most JIT_AHEAD_STORE_TIMEOUT_S once, says so in one line, compiles the
+    # kernel itself and publishes nothing.
+    server, url = redis_server
+    node(tmp_path, "node1", url)
+    os.kill(server.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+    t0 = time.monotonic()
+    second, said = node(tmp_path, "node2", url, JIT_AHEAD_STORE_TIMEOUT_S="1")
+    assert second["compiled_here"] == 1
+    assert len(said) == 1 and "did not answer" in said[0] and "goes on without it" in said[0], said
+    assert time.monotonic() - t0 < 120  # a process's start and one compile, not a wait without end
+
+
+STOP_BEFORE_PUBLISHING = """
+import os, signal
+from jit_ahead.triton import store_cache
+publish = store_cache.StoreCacheManager.put_group
+def stop_then_publish(self, *args):
+    os.kill(int(os.environ["STORE_SERVER_PID"]), signal.SIGSTOP)
+    return publish(self, *args)
+store_cache.StoreCacheManager.put_group = stop_then_publish
+"""
+
+
+def test_a_redis_store_that_stops_mid_publish_costs_the_publisher_one_line(tmp_path, redis_server):
+    # Stopped after the first node's lookup missed and before it publishes what it compiled.
+    server, url = redis_server
+    environ = {**without_jit_ahead(os.environ), "PYTHONPATH": str(REPO), "TRITON_CACHE_DIR": str(tmp_path / "n"),
+               "JIT_AHEAD_STORE": url, "JIT_AHEAD_STORE_TIMEOUT_S": "1", "STORE_SERVER_PID": str(server.pid)}
+    code = NODE.replace("session = Session(", STOP_BEFORE_PUBLISHING + "session = Session(", 1)
+    proc = subprocess.run([sys.executable, "-c", code, "0"], cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "store" in line and "jit_ahead" in line]
+    assert len(said) == 1 and "did not answer" in said[0], said
+    os.kill(server.pid, signal.SIGCONT)  # the command sent before the stop may still land: whole, or not at all
+    third, said = node(tmp_path, "node3", url)
+    assert said == [] and third["compiled_here"] == (0 if redis_entries(url) else 1)

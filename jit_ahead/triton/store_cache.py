@@ -18,7 +18,7 @@ import os
 
 from triton.runtime.cache import FileCacheManager
 
-from ..core.store import StoreError, configured
+from ..core.store import StoreDown, StoreError, configured
 
 log = logging.getLogger("jit_ahead.triton.store")
 
@@ -52,6 +52,8 @@ class StoreCacheManager(FileCacheManager):
             if payload is None:
                 return None
             files = _unbundle(payload, filename)
+        except StoreDown:  # the store said so itself
+            return None
         except StoreError as exc:
             _once("get", "jit_ahead store %s: %s; skipped, compiled here (each unusable entry is skipped alike)",
                   self._store.describe(), exc)
@@ -65,6 +67,8 @@ class StoreCacheManager(FileCacheManager):
         if self._store is not None and _publishing[0]:
             try:
                 self._store.put(entry_name(self.key, filename), _bundle(group))
+            except StoreDown:
+                _publishing[0] = False
             except (StoreError, OSError) as exc:
                 _publishing[0] = False
                 _once("put", "jit_ahead store %s: could not publish (%s); this process publishes nothing more, and "

@@ -6,8 +6,8 @@ match its frame (cut short, damaged, written by a jit_ahead that frames otherwis
 caller. What an entry holds is its publisher's; the name carries everything that must match (a DSL's own
 key names its version, target and options).
 
-``JIT_AHEAD_STORE``: a folder (a local disk or a shared mount). Nothing is read or written anywhere unless
-it is set. Trouble with the store costs one log line and a local build, never the server.
+``JIT_AHEAD_STORE``: a folder (a local disk or a shared mount, ``directory.py``) or a Redis server
+(``redis://host:port/db``, ``redis_store.py``). Nothing is read or written anywhere unless it is set. Trouble with the store costs one log line and a local build, never the server.
 """
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ _NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 
 class StoreError(Exception):
     """An entry that is there and cannot be used, or a store that cannot be reached or written."""
+
+
+class StoreDown(StoreError):
+    """A store that stopped answering; it said so in one line of its own, and callers need not."""
 
 
 def check_name(name: str) -> str:
@@ -87,13 +91,21 @@ def configured() -> Store | None:
 
 
 def _open(raw: str) -> Store | None:
-    from .directory import DirectoryStore
+    from .. import knobs
 
-    if "://" in raw:
-        log.warning("%s=%s: only a folder is supported as a store for now; running without a store", KNOB, raw)
-        return None
     try:
+        if raw.startswith(("redis://", "rediss://", "unix://")):
+            from .redis_store import TIMEOUT_KNOB, RedisStore
+
+            return RedisStore(raw, knobs.env_seconds(TIMEOUT_KNOB, 2.0, minimum=0.05))
+        if "://" in raw:
+            raise ValueError("a folder, or a redis:// URL")
+        from .directory import DirectoryStore
+
         return DirectoryStore(raw)
-    except OSError as exc:
+    except ImportError as exc:
+        log.warning("%s=%s needs the redis package (pip install 'jit_ahead[redis]'): %s; running without a store",
+                    KNOB, raw, exc)
+    except (OSError, ValueError) as exc:
         log.warning("%s=%s cannot be used (%s); running without a store", KNOB, raw, exc)
-        return None
+    return None
