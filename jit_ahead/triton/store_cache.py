@@ -54,7 +54,7 @@ class StoreCacheManager(FileCacheManager):
             files = _unbundle(payload, filename)
         except StoreDown:  # the store said so itself
             return None
-        except StoreError as exc:
+        except (StoreError, ValueError) as exc:  # ValueError: a name the store cannot hold
             _once("get", "jit_ahead store %s: %s; skipped, compiled here (each unusable entry is skipped alike)",
                   self._store.describe(), exc)
             return None
@@ -69,7 +69,7 @@ class StoreCacheManager(FileCacheManager):
                 self._store.put(entry_name(self.key, filename), _bundle(group))
             except StoreDown:
                 _publishing[0] = False
-            except (StoreError, OSError) as exc:
+            except (StoreError, ValueError, OSError) as exc:
                 _publishing[0] = False
                 _once("put", "jit_ahead store %s: could not publish (%s); this process publishes nothing more, and "
                       "serves on", self._store.describe(), exc)
