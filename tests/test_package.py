@@ -23,6 +23,16 @@ def test_helpers_install_under_their_own_name():
     assert subprocess.run([sys.executable, "-c", "import helpers"], capture_output=True, cwd="/").returncode != 0
 
 
+def test_every_package_of_the_source_tree_is_installed():
+    # pyproject lists its packages by name: a new one left out is missing from every non-editable install
+    # (a GPU host's, CI's), where the family that imports it fails to start.
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "jit_ahead").rglob("__init__.py")}
+    assert found - listed == set()
+
+
 def run_demo(tmp_path, workers: str, **env):
     """The demo on the small Qwen3 + Liger model; (seconds since start, line) for each stdout line, as a
     person watching sees them, and the stderr lines."""
