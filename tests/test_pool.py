@@ -717,3 +717,28 @@ def test_an_orphaned_helper_whose_pid_went_to_another_process_is_never_signalled
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"stranger_alive": True, "helper_returncode": -9}
+
+
+DETACHED = """
+import json, os
+from jit_ahead.core.processes import detach_descriptors
+device = os.open("/dev/zero", os.O_RDONLY)  # a character device, as a GPU driver's /dev/nvidia* are
+pipe_read, pipe_write = os.pipe()
+report_read, report_write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    detach_descriptors(keep=(report_write,))
+    os.write(report_write, json.dumps({fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (device, pipe_write)}).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps(list(json.loads(os.read(report_read, 4096)).values())))
+"""
+
+
+def test_a_forked_process_keeps_the_servers_devices_and_lets_go_of_its_pipes():
+    # A GPU driver's descriptors pointed at /dev/null make NVML fail in a planner forked from a vLLM worker
+    # (results/2026-12-07-h100-transformers-serve-and-nvml-probe/); a pipe's end kept would hold a reader
+    # of the server's waiting.
+    out = subprocess.run([sys.executable, "-c", DETACHED], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == ["/dev/zero", "/dev/null"]

@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -57,7 +58,9 @@ def detach_descriptors(keep: tuple[int, ...] = ()) -> None:
     server's reader from ever seeing its end (``subprocess.Popen`` waits on such a pipe for its child's
     exec), and a listening socket held here would keep the server's port after it exits. The
     descriptors stay open (on /dev/null), so an inherited object that closes its own later closes
-    nothing of ours."""
+    nothing of ours. Character devices are kept: a GPU driver's (``/dev/nvidia*``) pointed elsewhere makes
+    NVML fail in this process (NVML_ERROR_OPERATING_SYSTEM, where a plain fork of the server answers), and
+    a device holds no pipe's end or port."""
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
@@ -67,7 +70,8 @@ def detach_descriptors(keep: tuple[int, ...] = ()) -> None:
         for fd in fds:
             if fd > 2 and fd != null and fd not in keep:
                 try:
-                    os.dup2(null, fd)
+                    if not stat.S_ISCHR(os.fstat(fd).st_mode):
+                        os.dup2(null, fd)
                 except OSError:
                     pass  # not open (the directory listing's own descriptor, or a range guess)
     finally:
