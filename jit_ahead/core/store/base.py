@@ -7,7 +7,8 @@ caller. What an entry holds is its publisher's; the name carries everything that
 key names its version, target and options).
 
 ``JIT_AHEAD_STORE``: a folder (a local disk or a shared mount, ``directory.py``) or a Redis server
-(``redis://host:port/db``, ``redis_store.py``). Nothing is read or written anywhere unless it is set. Trouble with the store costs one log line and a local build, never the server.
+(``redis://host:port/db``, ``redis_store.py``). Nothing is read or written anywhere unless it is set.
+Trouble with the store costs one log line and a local build, never the server.
 """
 from __future__ import annotations
 
