@@ -38,9 +38,10 @@ def write_json(folder: str | Path, name: str, data, **dump_options) -> None:
         raise
 
 
-def open_regular(path: Path):
-    """``path`` opened for reading as text, if it is a regular file: a FIFO or a device in a saved plan's or
-    a record's place would block the read (or never end); OSError names what it is instead."""
+def open_regular(path: Path, binary: bool = False):
+    """``path`` opened for reading as text (``binary``: as bytes), if it is a regular file: a FIFO or a device
+    in a saved plan's, a record's or a store entry's place would block the read (or never end); OSError
+    (EINVAL) names what it is instead."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         mode = os.fstat(fd).st_mode
@@ -48,7 +49,7 @@ def open_regular(path: Path):
             kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
             raise OSError(errno.EINVAL, f"it is {kind}")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, encoding="utf-8")
+        return os.fdopen(fd, "rb") if binary else os.fdopen(fd, encoding="utf-8")
     except BaseException:
         os.close(fd)
         raise

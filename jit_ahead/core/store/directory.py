@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import tempfile
 from pathlib import Path
 
+from ..building.shared_files import open_regular
 from .base import Store, StoreError, check_name, frame, unframe
 
 MAX_ENTRY_BYTES = 1 << 30  # a larger file in an entry's place is not read
@@ -28,24 +28,16 @@ class DirectoryStore(Store):
     def get(self, name: str) -> bytes | None:
         path = self.entries / check_name(name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in its place must not block the read
+            with open_regular(path, binary=True) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > MAX_ENTRY_BYTES:
+                    raise StoreError(f"{name}: {size} bytes, more than an entry may hold")
+                data = f.read(MAX_ENTRY_BYTES + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"{name}: {exc.strerror or exc}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StoreError(f"{name}: not a regular file")
-            if st.st_size > MAX_ENTRY_BYTES:
-                raise StoreError(f"{name}: {st.st_size} bytes, more than an entry may hold")
-            os.set_blocking(fd, True)
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(MAX_ENTRY_BYTES + 1)
-        except OSError as exc:
-            raise StoreError(f"{name}: {exc.strerror or exc}") from None
-        finally:
-            os.close(fd)
+            what = "not a regular file: " if exc.errno == errno.EINVAL else ""
+            raise StoreError(f"{name}: {what}{exc.strerror or exc}") from None
         return unframe(name, data)
 
     def put(self, name: str, data: bytes) -> None:
