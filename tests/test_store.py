@@ -4,7 +4,6 @@ disk, a full and a read-only file system (tmpfs), concurrent writers, a FIFO in 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 
 from jit_ahead.core.store import StoreError
 from jit_ahead.core.store.base import frame, unframe
-from jit_ahead.core.store.directory import DirectoryStore
+from jit_ahead.core.store.directory import MAX_ENTRY_BYTES, DirectoryStore
 
 from .conftest import REPO, fill, without_jit_ahead
 
@@ -115,7 +114,7 @@ def test_frames_refuse_what_this_jit_ahead_did_not_write_whole():
             unframe("e", bad)
 
 
-def test_a_directory_store_refuses_names_outside_it_and_a_fifo_in_an_entrys_place(tmp_path):
+def test_a_directory_store_refuses_names_outside_it_a_fifo_and_a_huge_file_in_an_entrys_place(tmp_path):
     store = DirectoryStore(tmp_path / "store")
     for name in ["../out", "/abs", "a//b", "a/./b", ""]:
         with pytest.raises(ValueError):
@@ -125,32 +124,38 @@ def test_a_directory_store_refuses_names_outside_it_and_a_fifo_in_an_entrys_plac
     with pytest.raises(StoreError, match="not a regular file"):
         store.get("triton/fifo")  # a blocking open would hang here
     assert store.get("triton/none") is None
+    huge = tmp_path / "store" / "entries" / "triton" / "huge"
+    with open(huge, "wb") as f:
+        f.truncate(MAX_ENTRY_BYTES + 1)  # sparse: larger than an entry may be, nothing read
+    with pytest.raises(StoreError, match="more than an entry may hold"):
+        store.get("triton/huge")
 
 
-def _publish(root: str, name: str, seed: int, rounds: int) -> None:
-    store = DirectoryStore(root)
-    for i in range(rounds):
-        store.put(name, bytes([seed]) * (4096 * (1 + (i + seed) % 64)))
+PUBLISH = """
+import sys
+from jit_ahead.core.store.directory import DirectoryStore
+store, seed = DirectoryStore(sys.argv[1]), int(sys.argv[2])
+for i in range(300):
+    store.put("triton/k/x.json", bytes([seed]) * (4096 * (1 + (i + seed) % 64)))
+"""
 
 
 def test_concurrent_writers_never_leave_a_reader_part_of_an_entry(tmp_path):
     # Four processes publish one name over and over with contents of different sizes while this one reads
-    # it: every read is one writer's whole entry.
+    # it: every read is one writer's whole entry. (Plain processes: multiprocessing would leave its resource
+    # tracker behind as a child of the test run.)
     root = str(tmp_path / "store")
     store = DirectoryStore(root)
-    context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_publish, args=(root, "triton/k/x.json", seed, 300)) for seed in range(1, 5)]
-    for w in writers:
-        w.start()
+    writers = [subprocess.Popen([sys.executable, "-c", PUBLISH, root, str(seed)], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}) for seed in range(1, 5)]
     reads = 0
-    while any(w.is_alive() for w in writers):
+    while any(w.poll() is None for w in writers):
         data = store.get("triton/k/x.json")
         if data is not None:
             assert len(set(data)) == 1 and len(data) % 4096 == 0
             reads += 1
     for w in writers:
-        w.join()
-        assert w.exitcode == 0
+        assert w.wait() == 0
     assert reads > 0 and os.listdir(tmp_path / "store" / "tmp") == []
 
 
