@@ -109,9 +109,10 @@ class Session:
     def _plan_store(self) -> PlanStore | None:
         if self._plans is None:
             from .core.planning.plan_cache import PlanStore, plan_folder
+            from .core.store import configured
 
             folder = plan_folder()
-            self._plans = PlanStore(folder) if folder is not None else False
+            self._plans = PlanStore(folder, configured()) if folder is not None else False
         return self._plans or None
 
     @counted("waits")

@@ -243,3 +243,110 @@ def test_a_redis_store_that_stops_mid_publish_costs_the_publisher_one_line(tmp_p
     os.kill(server.pid, signal.SIGCONT)  # the command sent before the stop may still land: whole, or not at all
     third, said = node(tmp_path, "node3", url)
     assert said == [] and third["compiled_here"] == (0 if redis_entries(url) else 1)
+
+
+# -- a model's start: plan, records and autotune choices through the store --------------------------------------
+MODEL_NODE = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+import torch
+from triton import knobs
+loads = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit, **kw: loads.append(cache_hit)
+from jit_ahead.core.planning.limits import EngineLimits
+from jit_ahead.core.priority import Priority
+from jit_ahead.session import Session
+from jit_ahead.triton.standin import ensure_driver
+from tests.kernels import basic as k
+from tests.layers import ScaleProvider, model
+ensure_driver()
+
+class Counting(ScaleProvider):
+    passes = 0
+
+    def find_layers(self, net):
+        Counting.passes += 1
+        return super().find_layers(net)
+
+events = []
+session = Session(triton={"workers": 1})
+session.stats.subscribe(events.append)
+session.start()
+net = model()
+run = session.plan_model(net, EngineLimits(max_num_tokens=24, max_batch_size=4, cuda_graph_batch_sizes=(1, 4)),
+                         [Counting()])
+assert run.wait(300) and session.wait_ready(300, priority=Priority.BACKGROUND)
+for tokens in (1, 5, 24):  # served: planned variants
+    net(torch.empty(tokens, 1024, device="meta"))
+x = torch.empty(4096, device="meta")
+k.stored_tuning_kernel[(1,)](x, x, 4096)  # served: an autotuned kernel no plan names
+session.close()
+names = [e["event"] for e in events]
+print("NODE " + json.dumps({"planning_passes": Counting.passes, "built_by_helpers": names.count("build_finish"),
+                            "compiled_here": loads.count(False), "benchmarked": len(k.BENCHMARKED),
+                            "plan": [n for n in names if n.startswith("plan")]}))
+"""
+
+
+def model_node(tmp_path, name: str, store, said: list | None = None, **env) -> dict:
+    """A node starting a model server: planning, helpers, records and autotune choices in folders of its own
+    (``said`` gets its jit_ahead store lines)."""
+    local = tmp_path / name
+    environ = {**without_jit_ahead(os.environ), "PYTHONPATH": str(REPO), "TRITON_CACHE_DIR": str(local / "triton"),
+               "JIT_AHEAD_PLAN_DIR": str(local / "plans"), "JIT_AHEAD_RECORD_DIR": str(local / "records"),
+               "JIT_AHEAD_STORE": str(store), **env}
+    proc = subprocess.run([sys.executable, "-c", MODEL_NODE], cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if said is not None:
+        said += [line for line in proc.stderr.splitlines() if "store" in line and "jit_ahead" in line]
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("NODE "))[5:])
+
+
+@pytest.mark.parametrize("kind", ["folder", "redis"])
+def test_a_second_node_plans_builds_compiles_and_benchmarks_nothing_the_first_published(tmp_path, kind, request):
+    # The first node plans the model, its helper builds the plan, and serving meets an autotuned kernel no plan
+    # names (it benchmarks its three configs). Its plan, kernels, records and choice go to the store. The second,
+    # with empty folders of its own, fetches them: no planning pass, no helper build, no compile, no benchmark.
+    store = request.getfixturevalue("redis_server")[1] if kind == "redis" else tmp_path / "store"
+    first = model_node(tmp_path, "node1", store)
+    assert first["planning_passes"] >= 1 and first["built_by_helpers"] > 0 and first["benchmarked"] == 3
+    assert first["plan"][-1] == "plan_saved" and "plan_loaded" not in first["plan"], first
+    second = model_node(tmp_path, "node2", store)
+    assert second == {"planning_passes": 0, "built_by_helpers": 0, "compiled_here": 0, "benchmarked": 0,
+                      "plan": ["plan_loaded"]}, second
+    # the same start on an empty store does all of it again: what the second node was spared came from the store
+    third = model_node(tmp_path, "node3", tmp_path / "empty-store")
+    assert third["planning_passes"] >= 1 and third["built_by_helpers"] > 0 and third["benchmarked"] == 3
+
+
+@pytest.mark.parametrize("damaged", ["plan", "records"])
+def test_a_damaged_plan_or_record_in_the_store_is_one_line_and_the_node_does_that_part_itself(tmp_path, damaged):
+    store = tmp_path / "store"
+    model_node(tmp_path, "node1", store)
+    hit = [p for p in entries(store) if p.relative_to(store / "entries").parts[0] == {"plan": "plans"}.get(damaged, damaged)]
+    assert hit
+    for path in hit:
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0xFF
+        path.write_bytes(bytes(data))
+    said = []
+    second = model_node(tmp_path, "node2", store, said)
+    assert second["compiled_here"] == 0 and second["built_by_helpers"] == 0  # the kernels still came from the store
+    if damaged == "plan":
+        assert second["planning_passes"] == 1 and second["benchmarked"] == 0
+    else:  # the autotune choice was in a record
+        assert second["planning_passes"] == 0 and second["benchmarked"] == 3
+    assert len(said) == 1 and "SHA-256" in said[0] and "skipped" in said[0], said
+
+
+def test_a_redis_store_killed_before_a_model_node_starts_costs_one_line_and_the_node_does_it_all_itself(
+        tmp_path, redis_server):
+    server, url = redis_server
+    model_node(tmp_path, "node1", url)
+    server.kill()
+    server.wait()
+    said = []
+    second = model_node(tmp_path, "node2", url, said, JIT_AHEAD_STORE_TIMEOUT_S="1")
+    assert second["planning_passes"] >= 1 and second["built_by_helpers"] > 0 and second["benchmarked"] == 3
+    assert len(said) == 1 and "did not answer" in said[0] and "goes on without it" in said[0], said

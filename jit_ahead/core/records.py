@@ -8,6 +8,10 @@ crash loses at most the line being written. On start, every file of the family w
 process's header is read and merged (deduplicated by key) across ranks and runs; a file whose header
 differs is ignored with one log line naming the difference.
 
+With a store (``JIT_AHEAD_STORE``), a process that wrote to its file publishes the file at close
+(``records/{family}-{header digest}/{host}-{rank}``), and reading merges the store's entries of the same
+header with the folder's, checked alike: what one node met, the next node replays.
+
 Replay imports the kernel modules that entries name, in helpers. So a folder or file that another user
 can write (group- or world-writable, or owned by someone else) is refused, and module names must be
 plain dotted identifiers.
@@ -20,12 +24,14 @@ import json
 import logging
 import os
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .building.shared_files import open_regular, unsafe_because
+from .store import Store, StoreDown, StoreError, configured, say_once
 
 log = logging.getLogger("jit_ahead.records")
 
@@ -103,13 +109,17 @@ class RecordFolder:
     the variants this process compiled or loaded."""
 
     def __init__(self, folder: str | os.PathLike, fmt: RecordFormat, rank: str | None = None,
-                 knob: str = KNOB) -> None:
+                 knob: str = KNOB, shared: Store | None = None) -> None:
         self.knob = knob  # what error lines name: the knob that chose the folder
         self.folder = Path(folder).absolute()
         self.format = fmt
         self.header = {"jit_ahead_record": FORMAT, "family": fmt.family, **fmt.header}
         self.digest = header_digest(self.header)
         self.path = self.folder / f"{fmt.family}-{self.digest}-{rank or rank_tag()}.jsonl"
+        self.shared = shared  # the deployment's store: this file is published there at close
+        self.shared_prefix = f"records/{fmt.family}-{self.digest}"
+        self.shared_name = f"{self.shared_prefix}/{_host()}-{rank or rank_tag()}"
+        self._inherited: list = []  # what the store held under this process's own name: kept when it publishes
         self._lock = threading.Lock()
         self._written: set[str] = set()
         self._fd: int | None = None
@@ -126,7 +136,46 @@ class RecordFolder:
                 continue  # another family whose name starts like this one ("triton-autotune-...")
             for item in self._read_file(path):
                 merged.setdefault(self.format.key_of(item), item)
+        for item in self._read_shared():
+            merged.setdefault(self.format.key_of(item), item)
         return list(merged.values())
+
+    def _read_shared(self) -> list:
+        """The entries the nodes published for this header (this host's and rank's own included: a machine
+        that comes back under its name with an empty disk finds what it met before)."""
+        if self.shared is None:
+            return []
+        try:
+            names = sorted(self.shared.names(self.shared_prefix))
+        except StoreDown:  # the store said so itself
+            return []
+        except (StoreError, ValueError) as exc:
+            say_once("records-list", "jit_ahead store %s: the records cannot be listed (%s); this node replays its "
+                     "own only", self.shared.describe(), exc)
+            return []
+        items = []
+        for name in names:
+            try:
+                data = self.shared.get(name)
+                if data is None:
+                    continue
+                if len(data) > MAX_RECORD_BYTES:
+                    raise StoreError(f"{name}: {len(data)} bytes, more than any record ({MAX_RECORD_BYTES})")
+                try:
+                    lines = data.decode().splitlines()
+                except ValueError:
+                    raise StoreError(f"{name}: not UTF-8 text") from None
+            except StoreDown:
+                break
+            except (StoreError, ValueError) as exc:
+                say_once("records-get", "jit_ahead store %s: %s; skipped (each unusable record alike), the others "
+                         "are read", self.shared.describe(), exc)
+                continue
+            found = self._read_lines(lines, f"store entry {name}")
+            if name == self.shared_name:
+                self._inherited = found
+            items += found
+        return items
 
     def _read_file(self, path: Path) -> list:
         try:
@@ -147,15 +196,22 @@ class RecordFolder:
         except ValueError as exc:  # UnicodeDecodeError: bytes that are no record of ours
             log.error("record %s is not UTF-8 text (%s); ignored", path, exc)
             return []
+        items = self._read_lines(lines, f"record {path}")
+        if path == self.path:
+            self._written.update(self.format.key_of(item) for item in items)
+        return items
+
+    def _read_lines(self, lines: list[str], where: str) -> list:
+        """The variants of one record's lines (a file's or a store entry's), if its header is this process's."""
         try:
             header = json.loads(lines[0]) if lines else None
         except ValueError:
             header = None
         if not isinstance(header, dict) or header.get("jit_ahead_record") is None:
-            log.error("record %s has no jit_ahead header on its first line; ignored", path)
+            log.error("%s has no jit_ahead header on its first line; ignored", where)
             return []
         if header != self.header:
-            log.warning("record %s does not match this process (%s); ignored", path,
+            log.warning("%s does not match this process (%s); ignored", where,
                         describe_difference(header, self.header))
             return []
         items, bad = [], 0
@@ -165,9 +221,7 @@ class RecordFolder:
             except (ValueError, KeyError, TypeError):
                 bad += 1  # a torn last line after a crash, or an edit by hand
         if bad:
-            log.warning("record %s: %d unusable line(s) skipped, %d variants read", path, bad, len(items))
-        if path == self.path:
-            self._written.update(self.format.key_of(item) for item in items)
+            log.warning("%s: %d unusable line(s) skipped, %d variants read", where, bad, len(items))
         return items
 
     # -- writing ----------------------------------------------------------------------------------------
@@ -223,9 +277,32 @@ class RecordFolder:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None:
+            wrote = self._fd is not None
+            if wrote:
                 os.close(self._fd)
                 self._fd = None
+        if wrote:
+            self._publish()
+
+    def _publish(self) -> None:
+        """This process's file, with what the store held under its name, for the other nodes."""
+        if self.shared is None:
+            return
+        merged = {self.format.key_of(item): item for item in self._inherited}
+        for item in self._read_file(self.path):
+            merged.setdefault(self.format.key_of(item), item)
+        lines = [json.dumps(self.header, sort_keys=True)]
+        lines += [json.dumps(self.format.encode(item), sort_keys=True) for item in merged.values()]
+        try:
+            data = ("\n".join(lines) + "\n").encode()
+            if len(data) > MAX_RECORD_BYTES:
+                raise StoreError(f"{self.path} is more than any record ({MAX_RECORD_BYTES} bytes)")
+            self.shared.put(self.shared_name, data)
+        except StoreDown:
+            pass
+        except (StoreError, OSError) as exc:
+            say_once("records-put", "jit_ahead store %s: a record could not be published (%s); other nodes start "
+                     "without it", self.shared.describe(), exc)
 
     def _check_folder(self) -> bool:
         try:
@@ -256,7 +333,7 @@ def tuning_folder(fmt: RecordFormat) -> RecordFolder | None:
     from .knobs import cache_folder
 
     folder = cache_folder(TUNING_KNOB, "tuning")
-    return RecordFolder(folder, fmt, knob=TUNING_KNOB) if folder is not None else None
+    return RecordFolder(folder, fmt, knob=TUNING_KNOB, shared=configured()) if folder is not None else None
 
 
 def keeps_tuning() -> bool:
@@ -269,4 +346,9 @@ def keeps_tuning() -> bool:
 def record_folder(fmt: RecordFormat, raw: str | None = None) -> RecordFolder | None:
     """The RecordFolder JIT_AHEAD_RECORD_DIR asks for, or None when it is unset or empty."""
     raw = (os.environ.get(KNOB, "") if raw is None else raw).strip()
-    return RecordFolder(raw, fmt) if raw else None
+    return RecordFolder(raw, fmt, shared=configured()) if raw else None
+
+
+def _host() -> str:
+    """This machine's name as a store entry name may hold it."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"

@@ -18,19 +18,12 @@ import os
 
 from triton.runtime.cache import FileCacheManager
 
-from ..core.store import StoreDown, StoreError, configured
+from ..core.store import StoreDown, StoreError, configured, say_once
 
 log = logging.getLogger("jit_ahead.triton.store")
 
 PLUGIN = f"{__name__}:StoreCacheManager"
-_said: set[str] = set()
 _publishing = [True]  # off once the store refused a publish: a full or read-only store is not retried per kernel
-
-
-def _once(kind: str, message: str, *args) -> None:
-    if kind not in _said:
-        _said.add(kind)
-        log.warning(message, *args)
 
 
 def entry_name(key: str, filename: str) -> str:
@@ -55,7 +48,7 @@ class StoreCacheManager(FileCacheManager):
         except StoreDown:  # the store said so itself
             return None
         except (StoreError, ValueError) as exc:  # ValueError: a name the store cannot hold
-            _once("get", "jit_ahead store %s: %s; skipped, compiled here (each unusable entry is skipped alike)",
+            say_once("triton-get", "jit_ahead store %s: %s; skipped, compiled here (each unusable entry is skipped alike)",
                   self._store.describe(), exc)
             return None
         paths = {child: FileCacheManager.put(self, data, child, binary=True) for child, data in files.items()}
@@ -71,7 +64,7 @@ class StoreCacheManager(FileCacheManager):
                 _publishing[0] = False
             except (StoreError, ValueError, OSError) as exc:
                 _publishing[0] = False
-                _once("put", "jit_ahead store %s: could not publish (%s); this process publishes nothing more, and "
+                say_once("triton-put", "jit_ahead store %s: could not publish (%s); this process publishes nothing more, and "
                       "serves on", self._store.describe(), exc)
         return path
 

@@ -17,6 +17,10 @@ plan of the same model that differs least is named in one log line with what cha
 
 Plans name modules that helpers import, like records: a folder or file another user can write is
 refused, entries are decoded by the families' record decoders (plain dotted names only).
+
+With a store (``JIT_AHEAD_STORE``), a whole plan saved here is published there (``plans/<file name>``), and a
+start that has no saved plan of its key fetches it from there into its folder before reading it, checked
+as any saved plan: the nodes of a deployment plan a model once between them.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from pathlib import Path
 from ..priority import Priority
 from ..records import describe_difference
 from ..building.shared_files import open_regular, unsafe_because
+from ..store import Store, StoreDown, StoreError, say_once
 
 log = logging.getLogger("jit_ahead.planning")
 
@@ -234,8 +239,9 @@ class PlanStore:
     """One folder of saved plans (``plan-<digest>.jsonl``: a header line with the key, then one line
     per family's entries)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, shared: Store | None = None) -> None:
         self.folder = folder
+        self.shared = shared  # the deployment's store, where whole plans are published and fetched
         self.usable = self._check_folder()
 
     def _check_folder(self) -> bool:
@@ -271,6 +277,8 @@ class PlanStore:
         """The saved plan for this key (``partial``: the progress of a planning that did not end), or None
         (absent, unreadable, unsafe or not matching)."""
         path = self.path(parts, partial)
+        if not partial and self.shared is not None and not os.path.lexists(path):
+            self._fetch(path)
         try:
             with open_regular(path) as f:
                 info = os.fstat(f.fileno())
@@ -347,20 +355,46 @@ class PlanStore:
             return None
         header["body"] = _body_digest(lines)
         lines.insert(0, json.dumps(header, sort_keys=True, default=str))
-        aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        text = ("\n".join(lines) + "\n").encode()
         try:
-            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
-            os.replace(aside, path)
+            _write_atomically(path, text)
         except OSError as exc:
             log.error("cannot save the plan to %s (%s); the next start plans again", path, exc)
-            try:
-                aside.unlink()
-            except OSError:
-                pass
             return None
+        if not partial:
+            self._publish(path, text)
         return path
+
+    # -- the deployment's store -------------------------------------------------------------------------
+    def _publish(self, path: Path, text: bytes) -> None:
+        if self.shared is None:
+            return
+        try:
+            self.shared.put(f"plans/{path.name}", text)
+        except StoreDown:
+            pass  # the store said so itself
+        except StoreError as exc:
+            say_once("plan-put", "jit_ahead store %s: a plan could not be published (%s); other nodes plan it "
+                     "themselves", self.shared.describe(), exc)
+
+    def _fetch(self, path: Path) -> None:
+        """The store's plan of this name, written into this folder (then read and checked as any saved plan)."""
+        try:
+            text = self.shared.get(f"plans/{path.name}")
+        except StoreDown:
+            return
+        except StoreError as exc:
+            say_once("plan-get", "jit_ahead store %s: %s; skipped, this node plans itself (each unusable plan "
+                     "is skipped alike)", self.shared.describe(), exc)
+            return
+        if text is None:
+            return
+        try:
+            _write_atomically(path, text)
+        except OSError as exc:
+            log.error("cannot write the plan fetched from the jit_ahead store to %s (%s); planning here", path, exc)
+            return
+        log.info("plan %s fetched from the jit_ahead store %s", path.name, self.shared.describe())
 
     def closest(self, parts: dict) -> str | None:
         """What differs between this key and the saved plan of the same model class that differs least."""
@@ -391,3 +425,19 @@ class PlanStore:
             else:
                 details.append(f"{name}: {key.get(name)!r} -> {parts[name]!r}")
         return "; ".join(details)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Written aside, then renamed into place: a reader sees the old file or the new one, whole."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(aside, path)
+    except OSError:
+        try:
+            aside.unlink()
+        except OSError:
+            pass
+        raise

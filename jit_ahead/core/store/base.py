@@ -71,8 +71,23 @@ class Store(ABC):
         store cannot take it."""
 
     @abstractmethod
+    def names(self, prefix: str) -> list[str]:
+        """The names of the entries under the folder-like ``prefix`` (``records/triton-0123``), in no order;
+        StoreError if the store cannot list them."""
+
+    @abstractmethod
     def describe(self) -> str:
         """Where the store is, for log lines."""
+
+
+_said: set[str] = set()
+
+
+def say_once(kind: str, message: str, *args) -> None:
+    """One warning per kind of store trouble and process: a store that fails fails for every entry alike."""
+    if kind not in _said:
+        _said.add(kind)
+        log.warning(message, *args)
 
 
 _lock = threading.Lock()

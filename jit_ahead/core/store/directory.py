@@ -40,6 +40,15 @@ class DirectoryStore(Store):
             raise StoreError(f"{name}: {what}{exc.strerror or exc}") from None
         return unframe(name, data)
 
+    def names(self, prefix: str) -> list[str]:
+        folder = self.entries / check_name(prefix)
+        try:
+            return [f"{prefix}/{child.name}" for child in folder.iterdir() if child.is_file()]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"{prefix}: {exc.strerror or exc}") from None
+
     def put(self, name: str, data: bytes) -> None:
         path = self.entries / check_name(name)
         try:

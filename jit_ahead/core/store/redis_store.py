@@ -55,6 +55,14 @@ class RedisStore(Store):
         data = self._command(name, lambda: self._client.get(key))
         return None if data is None else unframe(name, data)
 
+    def names(self, prefix: str) -> list[str]:
+        pattern = PREFIX + check_name(prefix) + "/*"
+        if self._down is not None:
+            return []
+        # SCAN, not KEYS: a large store is listed in steps without holding the server up for the others
+        keys = self._command(prefix, lambda: list(self._client.scan_iter(match=pattern, count=1000)))
+        return [key.decode()[len(PREFIX):] for key in keys if b"/" not in key[len(PREFIX) + len(prefix) + 1:]]
+
     def put(self, name: str, data: bytes) -> None:
         framed = frame(data)
         if len(framed) > MAX_ENTRY_BYTES:
