@@ -54,11 +54,7 @@ def _installed(names: list[str]) -> list[str]:
 def _demo(args: argparse.Namespace) -> int:
     if args.cache_dir:
         os.environ["TRITON_CACHE_DIR"] = os.path.abspath(args.cache_dir)
-    from triton import knobs
-
-    from jit_ahead.core.priority import Priority
     from jit_ahead.session import Session
-    from jit_ahead.progress import BuildProgress, LibraryNotes
     from jit_ahead.triton.standin import ensure_driver, real_driver_available
 
     # first: the kernel libraries must see the target's GPU when they are imported (a real GPU wins)
@@ -69,37 +65,128 @@ def _demo(args: argparse.Namespace) -> int:
         return 2
     on_gpu = real_driver_available()
     limits = _limits(args)
-    print(f"target {target.backend}:{target.arch}{' (this GPU)' if on_gpu else ' (no GPU: stand-in driver)'}; "
-          f"limits: {limits.max_num_tokens} tokens per forward, batch {limits.max_batch_size}, "
-          f"sequence {limits.max_seq_len}, CUDA graphs {list(limits.cuda_graph_batch_sizes)}")
+    _say_target_and_limits(target, on_gpu, limits)
     session = Session(triton={"workers": args.workers} if args.workers is not None else {}).start()
-    if importlib.util.find_spec("transformers") is not None:  # its logger's own handler, to hold back too
-        importlib.import_module("transformers.utils.logging")
-    notes = LibraryNotes()
+    notes = _library_notes()
     try:
         with notes:
-            t0 = time.perf_counter()
-            with BuildProgress(session.families["triton"].table) as progress:
-                runs = {name: session.plan_model(_make_model(name, "meta"), limits) for name in names}
-                notes.cover_new_handlers()  # the model libraries are imported now
-                for name, run in runs.items():  # each as soon as it is known
-                    run.wait()
-                    progress.write(_planned_line(name, run))
-                session.wait_ready(priority=Priority.BACKGROUND)
-            wall = time.perf_counter() - t0
-            status = _report_builds(runs, session.families["triton"].pool.workers, wall)
-            print(f"cache: {os.path.abspath(knobs.cache.dir)}")
+            models = ((name, _make_model(name, "meta")) for name in names)
+            runs, status = _plan_and_build(session, models, limits, notes)
             if on_gpu and status == 0:
                 status = _serve_on_gpu(session, names, limits, args.requests)
     finally:
         session.close()
-        lines = notes.report()
-        if lines:
-            print(f"{len(lines)} notes from the kernel and model libraries (about them, not about this setup):",
-                  file=sys.stderr)
-            for line in lines:
-                print(f"  {line}", file=sys.stderr)
+        _show_notes(notes)
     return status
+
+
+def _say_target_and_limits(target, on_gpu: bool, limits) -> None:
+    print(f"target {target.backend}:{target.arch}{' (this GPU)' if on_gpu else ' (no GPU: stand-in driver)'}; "
+          f"limits: {limits.max_num_tokens} tokens per forward, batch {limits.max_batch_size}, "
+          f"sequence {limits.max_seq_len}, CUDA graphs {list(limits.cuda_graph_batch_sizes)}")
+
+
+def _library_notes():
+    from jit_ahead.progress import LibraryNotes
+
+    if importlib.util.find_spec("transformers") is not None:  # its logger's own handler, to hold back too
+        importlib.import_module("transformers.utils.logging")
+    return LibraryNotes()
+
+
+def _plan_and_build(session, models, limits, notes) -> tuple[dict, int]:
+    """Plan each (name, model) as soon as it is made, build every variant with a progress display, and
+    print what was built; returns the planning runs by name and the exit status."""
+    from triton import knobs
+
+    from jit_ahead.core.priority import Priority
+    from jit_ahead.progress import BuildProgress
+
+    t0 = time.perf_counter()
+    with BuildProgress(session.families["triton"].table) as progress:
+        runs = {name: session.plan_model(model, limits) for name, model in models}
+        notes.cover_new_handlers()  # the model libraries are imported now
+        for name, run in runs.items():  # each as soon as it is known
+            run.wait()
+            progress.write(_planned_line(name, run))
+        session.wait_ready(priority=Priority.BACKGROUND)
+    wall = time.perf_counter() - t0
+    status = _report_builds(runs, session.families["triton"].pool.workers, wall)
+    print(f"cache: {os.path.abspath(knobs.cache.dir)}")
+    return runs, status
+
+
+def _show_notes(notes) -> None:
+    lines = notes.report()
+    if lines:
+        print(f"{len(lines)} notes from the kernel and model libraries (about them, not about this setup):",
+              file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
+
+
+def _build(args: argparse.Namespace) -> int:
+    if args.cache_dir:
+        os.environ["TRITON_CACHE_DIR"] = os.path.abspath(args.cache_dir)
+    from jit_ahead.core import knobs
+    from jit_ahead.core.store import configured
+    from jit_ahead.prebuild import BuildInputError, make_model, run_setups
+    from jit_ahead.session import Session
+    from jit_ahead.triton.standin import ensure_driver, real_driver_available
+
+    target = args.target
+    if args.device_view is not None and real_driver_available():
+        print(f"jit-ahead build: this machine's GPU is built for; --device-view ({args.device_view.name}) is not used",
+              file=sys.stderr)
+    elif args.device_view is not None:  # the server's GPU model, as `jit-ahead device-view` wrote it there
+        from triton.backends.compiler import GPUTarget
+
+        from jit_ahead.core import device_view
+        from jit_ahead.triton.device import target_of
+
+        device_view.install(args.device_view)
+        target = GPUTarget(*target_of(args.device_view))
+    target = ensure_driver(target)  # before any kernel library is imported: some read the GPU then
+    limits = _build_limits(knobs.engine_limits(), args)
+    _say_target_and_limits(target, real_driver_available(), limits)
+    session = Session(triton={"workers": args.workers} if args.workers is not None else {}).start()
+    notes = _library_notes()
+    try:
+        with notes:
+            try:
+                run_setups(args.setup)
+                model = make_model(args.model)
+            except BuildInputError as exc:
+                print(f"jit-ahead build: {exc}", file=sys.stderr)
+                return 2
+            except Exception as exc:  # noqa: BLE001 - the user's code or config: said in one line, not a trace
+                print(f"jit-ahead build: {args.model} could not be made ({type(exc).__name__}: {exc})", file=sys.stderr)
+                return 2
+            runs, status = _plan_and_build(session, [(type(model).__name__, model)], limits, notes)
+            (run,) = runs.values()
+            print(f"plan: {run.saved_plan or 'not saved (JIT_AHEAD_PLAN_DIR=0): a server plans again'}")
+            store = configured()
+            if store is not None:
+                print(f"store: {store.describe()}")
+            graphs = ",".join(map(str, limits.cuda_graph_batch_sizes))
+            print(f"serve with: JIT_AHEAD=1 JIT_AHEAD_MAX_NUM_TOKENS={limits.max_num_tokens} "
+                  f"JIT_AHEAD_MAX_BATCH_SIZE={limits.max_batch_size} JIT_AHEAD_MAX_SEQ_LEN={limits.max_seq_len} "
+                  f"JIT_AHEAD_CUDA_GRAPH_SIZES={graphs}")
+    finally:
+        session.close()
+        _show_notes(notes)
+    return status
+
+
+def _build_limits(knob_limits, args: argparse.Namespace):
+    """The limits ``JIT_AHEAD=1`` serving plans within (the knobs), with what the command line sets instead."""
+    from jit_ahead.core.planning.limits import EngineLimits
+
+    tokens = args.max_num_tokens or knob_limits.max_num_tokens
+    batch = args.max_batch_size or knob_limits.max_batch_size
+    seq = args.max_seq_len or knob_limits.max_seq_len
+    graphs = tuple(b for b in knob_limits.cuda_graph_batch_sizes if b <= batch)
+    return EngineLimits(tokens, batch, seq, cuda_graph_batch_sizes=graphs)
 
 
 def _planned_line(name: str, run) -> str:
@@ -184,6 +271,45 @@ def _target(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _device_view(path: str):
+    import json
+
+    from jit_ahead.core.device_view import DeviceView
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return DeviceView.from_json(json.load(f))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not JSON, or not a view
+        raise argparse.ArgumentTypeError(f"{path} is not a device view ({exc})") from None
+
+
+def _device_view_command(args: argparse.Namespace) -> int:
+    import json
+
+    from jit_ahead.core.device_view import DeviceView
+    from jit_ahead.triton import device  # noqa: F401 - registers the Triton family's part of the view
+
+    view = DeviceView.capture()
+    if view is None:
+        print("jit-ahead device-view: this machine has no GPU; run it on one of the servers' GPU model",
+              file=sys.stderr)
+        return 2
+    text = json.dumps(view.to_json(), indent=1, sort_keys=True) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        print(f"jit-ahead device-view: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"device view of {view.name}: {os.path.abspath(args.output)}")
+    return 0
+
+
 def _bounded(name: str, low: int, high: int):
     def parse(text: str) -> int:
         try:
@@ -232,6 +358,33 @@ def main(argv: list[str] | None = None) -> int:
                       help="tokens per sequence")
     demo.add_argument("--requests", type=_bounded("request count", 0, 1 << 20), default=20,
                       help="requests in the GPU serving loop")
+    build = sub.add_parser("build", help="plan a model and build every variant within the limits, without a GPU "
+                                         "(for an image or a CI job): a server started on them compiles nothing",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    build.add_argument("model", help="a local transformers model folder (its config.json; no weight is read) or "
+                                     "module:function returning the model")
+    build.add_argument("--setup", action="append", default=[], metavar="MODULE:FUNCTION",
+                       help="called first, as the server does before building its model (a kernel library's "
+                            "patches); repeatable")
+    shown = build.add_mutually_exclusive_group()
+    shown.add_argument("--target", type=_target, default=os.environ.get("JIT_AHEAD_TARGET", "cuda:90"),
+                       help="GPU target to build for when there is no GPU, BACKEND:ARCH[:WARP_SIZE] (JIT_AHEAD_TARGET); "
+                            "for sm_90 the GPU model shown is an H200")
+    shown.add_argument("--device-view", type=_device_view, default=None, metavar="FILE",
+                       help="the servers' GPU model, as `jit-ahead device-view` writes it on one of them: a server "
+                            "of that model then finds the plan this build saved")
+    build.add_argument("--workers", type=_workers, default=None,
+                       help="helpers (default: JIT_AHEAD_TRITON_WORKERS or the CPUs, minus one); 0 builds here")
+    build.add_argument("--cache-dir", default=None, help="Triton cache directory (None: Triton's)")
+    build.add_argument("--max-num-tokens", type=_bounded("token count", 1, MAX_TOKENS), default=None,
+                       help="tokens per forward (None: JIT_AHEAD_MAX_NUM_TOKENS, as a JIT_AHEAD=1 server)")
+    build.add_argument("--max-batch-size", type=_bounded("batch size", 1, MAX_BATCH), default=None,
+                       help="sequences per forward (None: JIT_AHEAD_MAX_BATCH_SIZE)")
+    build.add_argument("--max-seq-len", type=_bounded("sequence length", 1, MAX_TOKENS), default=None,
+                       help="tokens per sequence (None: JIT_AHEAD_MAX_SEQ_LEN)")
+    view = sub.add_parser("device-view", help="write this machine's GPU as kernel libraries see it (JSON), for "
+                                              "`jit-ahead build --device-view` on a machine without one")
+    view.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
     report = sub.add_parser("report", help="coverage report from a stats log (JIT_AHEAD_STATS): per kernel, "
                                            "unplanned variants and what differs, an HTML timeline")
     report.add_argument("log", help="a stats log (.jsonl)")
@@ -241,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if args.command == "report":
         return _report(args)
+    if args.command == "build":
+        return _build(args)
+    if args.command == "device-view":
+        return _device_view_command(args)
     return _demo(args)
 
 

@@ -86,6 +86,31 @@ class DeviceView:
         return cls(torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)),
                    torch_properties, backend, parts, torch.cuda.device_count())
 
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> "DeviceView":
+        """A view written by ``to_json`` (``jit-ahead device-view`` on a GPU machine); ValueError naming what is
+        wrong otherwise."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a device view is a JSON object, not {type(data).__name__}")
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"a device view has no field {', '.join(sorted(unknown))}")
+        try:
+            name, capability = data["name"], data["capability"]
+        except KeyError as exc:
+            raise ValueError(f"a device view needs {exc.args[0]!r}") from None
+        if not isinstance(name, str) or not (isinstance(capability, list) and len(capability) == 2
+                                             and all(isinstance(v, int) for v in capability)):
+            raise ValueError("a device view's name is a string and its capability [major, minor]")
+        properties, parts = data.get("torch_properties", {}), data.get("parts", {})
+        if not isinstance(properties, dict) or not isinstance(parts, dict):
+            raise ValueError("a device view's torch_properties and parts are objects")
+        return cls(name, (capability[0], capability[1]), properties, str(data.get("backend", "cuda")), parts,
+                   int(data.get("device_count", 1)))
+
     def install_torch(self, force: bool = False) -> dict:
         """Make torch's device queries answer with this view: only where torch has no GPU of its own, or
         with ``force`` in a process forked from the server, which must not touch the GPU the server holds

@@ -51,6 +51,9 @@ FORMAT = 3
 # it whole would cost the server memory and seconds before it is refused anyway.
 MAX_PLAN_BYTES = 256 << 20
 _PLAIN = (bool, int, float, str, type(None))
+# What tells one GPU from another of the same model (which slot it sits in): no kernel library chooses a
+# variant by it, and the ranks of a node, or the nodes of a deployment, share one plan.
+DEVICE_IDENTITY = frozenset({"pci_bus_id", "pci_device_id", "pci_domain_id", "uuid"})
 
 
 def plan_folder(raw: str | None = None) -> Path | None:
@@ -204,7 +207,8 @@ def plan_key(model, limits, providers: list, families: dict, view) -> dict:
         "libraries": {package: distribution_digest(package) for package in sorted(packages) if package != "__main__"},
         "torch": torch.__version__,
         "jit_ahead": [__version__, _own_sources()],
-        "device": [view.name, list(view.capability), sorted(view.torch_properties.items()), view.backend,
+        "device": [view.name, list(view.capability), sorted((k, v) for k, v in view.torch_properties.items()
+                                                            if k not in DEVICE_IDENTITY), view.backend,
                    {name: view.parts.get(name) for name in sorted(families)}],
         "families": {name: family.plan_header() for name, family in sorted(families.items())},
     }
