@@ -118,14 +118,17 @@ def arm(model_path: str, tokens: int, seqs: int, max_len: int, seed: int, monito
         _count_flashinfer_builds(events, phase)
     from vllm import LLM, SamplingParams
 
+    backend = "FLASHINFER" if attention == "flashinfer" else "TRITON_ATTN"
     kwargs = dict(model=model_path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
                   max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_len,
-                  attention_backend="FLASHINFER" if attention == "flashinfer" else "TRITON_ATTN",
-                  gpu_memory_utilization=0.85, seed=0)
+                  attention_backend=backend, gpu_memory_utilization=0.85, seed=0)
     if monitor:
         kwargs["jit_monitor_mode"] = monitor
     if draft:
-        kwargs["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": 3}
+        # the draft's attention backend is chosen apart from the target's (vLLM's own choice is FlashAttention,
+        # whose extension the offline wheel set lacks): the same as the target's
+        kwargs["speculative_config"] = {"method": "eagle3", "model": draft, "num_speculative_tokens": 3,
+                                        "attention_backend": backend}
     llm = LLM(**kwargs)
     ready = time.perf_counter() - t0
     phase[0] = "serving"
