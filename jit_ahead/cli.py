@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                             "patches); repeatable")
     shown = build.add_mutually_exclusive_group()
     shown.add_argument("--target", type=_target, default=os.environ.get("JIT_AHEAD_TARGET", "cuda:90"),
-                       help="GPU target to build for when there is no GPU, BACKEND:ARCH[:WARP_SIZE] (JIT_AHEAD_TARGET); "
-                            "for sm_90 the GPU model shown is an H200")
+                       help="GPU target to build for when there is no GPU, BACKEND:ARCH[:WARP_SIZE] "
+                            "(JIT_AHEAD_TARGET); for sm_90 the GPU model shown is an H200")
     shown.add_argument("--device-view", type=_device_view, default=None, metavar="FILE",
                        help="the servers' GPU model, as `jit-ahead device-view` writes it on one of them: a server "
                             "of that model then finds the plan this build saved")

@@ -1,7 +1,8 @@
 """``jit-ahead build`` as an image build or a CI job runs it, and the server started afterwards: a transformers
-model folder (a Qwen3.5 hybrid whose GatedDeltaNet layers call fla's kernels) is planned and built on this
-CPU-only machine; a ``JIT_AHEAD=1`` process that loads the model with ``from_pretrained`` then plans nothing
-and builds nothing, from the same folders or, with empty folders of its own, from the store."""
+model folder (a Qwen3 with Liger's kernels patched in, by ``--setup`` in the build and by the server's own code
+in the server) is planned and built on this CPU-only machine; a ``JIT_AHEAD=1`` process that loads the model
+with ``from_pretrained`` then plans nothing and builds nothing, from the same folders or, with empty folders of
+its own, from the store."""
 import json
 import os
 import subprocess
@@ -11,17 +12,18 @@ import pytest
 
 from .conftest import REPO, without_jit_ahead
 
-pytest.importorskip("fla.layers", reason="the model's layers call fla's kernels ([fla] extra)")
+pytest.importorskip("liger_kernel", reason="the model runs Liger's kernels ([liger] extra)")
+
+LIGER = "liger_kernel.transformers:apply_liger_kernel_to_qwen3"
 
 LIMITS = {"JIT_AHEAD_MAX_NUM_TOKENS": "24", "JIT_AHEAD_MAX_BATCH_SIZE": "2", "JIT_AHEAD_MAX_SEQ_LEN": "24",
           "JIT_AHEAD_CUDA_GRAPH_SIZES": "1,2"}
 
 WRITE_MODEL = """
 import sys, torch
-from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
-config = Qwen3_5TextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-    num_key_value_heads=1, head_dim=64, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=64,
-    linear_value_head_dim=64, vocab_size=256, layer_types=["linear_attention", "full_attention"], dtype="bfloat16")
+from transformers import AutoModelForCausalLM, Qwen3Config
+config = Qwen3Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=64, vocab_size=256, dtype="bfloat16")
 torch.manual_seed(0)
 AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[1])
 """
@@ -35,6 +37,8 @@ if os.environ.get("SERVER_GPU"):  # a server on that GPU model: what DeviceView.
     with open(os.environ["SERVER_GPU"]) as f:
         device_view.install(device_view.DeviceView.from_json(json.load(f)))
 ensure_driver()
+from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+apply_liger_kernel_to_qwen3()  # the server's own code, before it builds its model
 from transformers import AutoModelForCausalLM
 events = []
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
@@ -59,9 +63,9 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("prebuild")
     model = root / "model"
     subprocess.run([sys.executable, "-c", WRITE_MODEL, str(model)], check=True, capture_output=True, timeout=300)
-    proc = subprocess.run([sys.executable, "-m", "jit_ahead.cli", "build", str(model), "--workers", "1"],
-                          cwd=REPO, env=environ(root / "image", JIT_AHEAD_STORE=str(root / "store")),
-                          capture_output=True, text=True, timeout=1200)
+    env = environ(root / "image", JIT_AHEAD_STORE=str(root / "store"))
+    proc = subprocess.run([sys.executable, "-m", "jit_ahead.cli", "build", str(model), "--workers", "1",
+                           "--setup", LIGER], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return root, model, proc.stdout
 
@@ -118,7 +122,8 @@ def test_a_build_for_the_servers_gpu_model_is_found_by_every_server_of_that_mode
     another_gpu_model(root / "h100-slot0.json", 0)
     another_gpu_model(root / "h100-slot3.json", 3)
     env = environ(root / "image", JIT_AHEAD_PLAN_DIR=str(root / "h100-plans"))
-    proc = run_build(str(model), "--device-view", str(root / "h100-slot0.json"), "--workers", "0", env=env)
+    proc = run_build(str(model), "--device-view", str(root / "h100-slot0.json"), "--workers", "0", "--setup", LIGER,
+                     env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # a server of that model in another slot (another rank's GPU): the plan is its own, every kernel built
     on_h100 = serve(model, {**env, "SERVER_GPU": str(root / "h100-slot3.json")})

@@ -324,7 +324,8 @@ def test_a_second_node_plans_builds_compiles_and_benchmarks_nothing_the_first_pu
 def test_a_damaged_plan_or_record_in_the_store_is_one_line_and_the_node_does_that_part_itself(tmp_path, damaged):
     store = tmp_path / "store"
     model_node(tmp_path, "node1", store)
-    hit = [p for p in entries(store) if p.relative_to(store / "entries").parts[0] == {"plan": "plans"}.get(damaged, damaged)]
+    folder = {"plan": "plans"}.get(damaged, damaged)
+    hit = [p for p in entries(store) if p.relative_to(store / "entries").parts[0] == folder]
     assert hit
     for path in hit:
         data = bytearray(path.read_bytes())
