@@ -351,3 +351,124 @@ def test_a_redis_store_killed_before_a_model_node_starts_costs_one_line_and_the_
     second = model_node(tmp_path, "node2", url, said, JIT_AHEAD_STORE_TIMEOUT_S="1")
     assert second["planning_passes"] >= 1 and second["built_by_helpers"] > 0 and second["benchmarked"] == 3
     assert len(said) == 1 and "did not answer" in said[0] and "goes on without it" in said[0], said
+
+
+# -- claims: nodes starting together build each kernel once between them ------------------------------------------
+def claim_cases(store, pause):
+    """The claim rules, the same on every store: taken, held, renewed, let go, lapsed."""
+    assert store.claim("c/one", "a", 30) is None
+    assert store.claim("c/one", "b", 30) == "a"  # held by a
+    assert store.claim("c/one", "a", 30) is None  # renewed by a
+    store.release("c/one", "b")  # not b's: nothing
+    assert store.claim("c/one", "b", 30) == "a"
+    store.release("c/one", "a")
+    assert store.claim("c/one", "b", 30) is None
+    assert store.claim("c/two", "a", 0.3) is None
+    pause(0.6)
+    assert store.claim("c/two", "b", 30) is None  # a's lapsed
+    assert store.names("c") == []  # claims are not entries
+
+
+def test_claims_on_a_directory_store(tmp_path):
+    store = DirectoryStore(tmp_path / "store")
+    claim_cases(store, time.sleep)
+    # a holder that is a process of this machine and is gone: its claim is taken over at once
+    holder = subprocess.run([sys.executable, "-c", "import sys; from jit_ahead.core.store.directory import "
+                             "DirectoryStore; DirectoryStore(sys.argv[1]).claim('c/three', 'gone', 3600)",
+                             str(tmp_path / "store")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert holder.returncode == 0
+    assert store.claim("c/three", "b", 30) is None
+    # a claim file that is not one (damaged, cut short) is a lapsed claim
+    (tmp_path / "store" / "claims" / "c" / "four").write_bytes(b"\x00garbage")
+    assert store.claim("c/four", "b", 30) is None
+
+
+def test_claims_on_a_redis_store(redis_server):
+    from jit_ahead.core.store.redis_store import RedisStore
+
+    claim_cases(RedisStore(redis_server[1], 2.0), time.sleep)
+
+
+TOGETHER = """
+import json, logging, os, sys, time
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+import torch
+from triton import knobs
+loads = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit, **kw: loads.append(cache_hit)
+from jit_ahead.session import Session
+from jit_ahead.triton.standin import ensure_driver
+from tests.kernels.basic import slow_kernel
+ensure_driver()
+session = Session(triton={"workers": 0}).start()
+x = torch.empty(64, device="meta")
+print("READY", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+slow_kernel[(1,)](x, STEPS=int(sys.argv[2]), BLOCK=64)
+session.close()
+print("NODE " + json.dumps({"compiled_here": loads.count(False)}), flush=True)
+"""
+
+
+def start_nodes(tmp_path, store, names, steps, **env):
+    gate = tmp_path / "go"
+    procs = []
+    for name in names:
+        environ = {**without_jit_ahead(os.environ), "PYTHONPATH": str(REPO), "TRITON_CACHE_DIR": str(tmp_path / name),
+                   "JIT_AHEAD_STORE": str(store), **env}
+        procs.append(subprocess.Popen([sys.executable, "-c", TOGETHER, str(gate), str(steps)], cwd=REPO,
+                                      env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "READY"
+    gate.touch()
+    return procs
+
+
+def finish(proc) -> tuple[dict, str]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(next(l for l in out.splitlines() if l.startswith("NODE "))[5:]), err
+
+
+@pytest.mark.parametrize("kind", ["folder", "redis"])
+def test_nodes_starting_together_compile_a_kernel_once_between_them(tmp_path, kind, request):
+    store = request.getfixturevalue("redis_server")[1] if kind == "redis" else tmp_path / "store"
+    results = [finish(proc) for proc in start_nodes(tmp_path, store, ["n1", "n2", "n3"], steps=400)]
+    assert sum(r["compiled_here"] for r, _ in results) == 1, [r for r, _ in results]
+    assert sum("was built by" in err for _, err in results) == 2  # the others waited for its entry
+
+
+@pytest.mark.parametrize("kind", ["folder", "redis"])
+def test_a_node_waiting_on_a_claimant_that_dies_takes_the_claim_over_and_compiles(tmp_path, kind, request):
+    # The claimant is SIGKILLed mid-compile. On a folder its claim names a process of this machine that is gone:
+    # taken over at once. On Redis its claim lapses once nobody renews it (JIT_AHEAD_STORE_CLAIM_S).
+    if kind == "redis":
+        import redis
+
+        store = request.getfixturevalue("redis_server")[1]
+        client = redis.Redis.from_url(store)
+        claimed = lambda: bool(client.keys("jit_ahead-claim:*"))  # noqa: E731
+    else:
+        store = tmp_path / "store"
+        claimed = lambda: any((store / "claims").rglob("*.json"))  # noqa: E731
+    # a claim lifetime longer than the waiter's own start, so that it finds the claim still held
+    env = {"JIT_AHEAD_STORE_CLAIM_S": "25", "JIT_AHEAD_WAIT_TIMEOUT_S": "300"}
+    (holder,) = start_nodes(tmp_path, store, ["n1"], steps=600, **env)
+    deadline = time.monotonic() + 120
+    while not claimed():  # it claimed the kernel, and compiles it
+        assert time.monotonic() < deadline and holder.poll() is None
+        time.sleep(0.05)
+    holder.kill()
+    holder.wait()
+    (tmp_path / "go").unlink()
+    t0 = time.monotonic()
+    (waiter,) = start_nodes(tmp_path, store, ["n2"], steps=600, **env)
+    result, err = finish(waiter)
+    assert result["compiled_here"] == 1
+    assert time.monotonic() - t0 < 200  # not the whole JIT_AHEAD_WAIT_TIMEOUT_S: the claim was taken over
+    assert "waited" not in err, err[-2000:]
+    if kind == "redis":  # it found the claim held, then lapsed
+        assert "did not come; compiled here" in err, err[-2000:]
+    else:  # taken over at once
+        assert "did not come" not in err, err[-2000:]

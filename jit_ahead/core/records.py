@@ -286,7 +286,7 @@ class RecordFolder:
 
     def _publish(self) -> None:
         """This process's file, with what the store held under its name, for the other nodes."""
-        if self.shared is None:
+        if self.shared is None or self.shared.writes_off:
             return
         merged = {self.format.key_of(item): item for item in self._inherited}
         for item in self._read_file(self.path):
@@ -301,8 +301,7 @@ class RecordFolder:
         except StoreDown:
             pass
         except (StoreError, OSError) as exc:
-            say_once("records-put", "jit_ahead store %s: a record could not be published (%s); other nodes start "
-                     "without it", self.shared.describe(), exc)
+            self.shared.writes_failed(f"record {self.shared_name}", exc)
 
     def _check_folder(self) -> bool:
         try:

@@ -43,6 +43,7 @@ from ..core.processes import fork_safe_lock
 from ..core.building.shared_files import Unusable, read_json, remove_entry, write_json
 from ..core.building.cuda_elf import cuda_elf_arch
 from .compile_inputs import cache_file_stem
+from .store_cache import StoreCacheManager
 
 MANIFEST = "jit_ahead_manifest.json"
 CHECKED = "jit_ahead_checked.json"  # at the top of the cache: what earlier processes found sound
@@ -85,7 +86,7 @@ def _files_of(folder: str, kernel_name: str, paths: dict[str, str]) -> list[str]
 def folder_of(predicted_hash: str) -> str | None:
     """The entry's folder in Triton's file cache; None for another cache manager."""
     manager = get_cache_manager(predicted_hash)
-    if type(manager) is not FileCacheManager or not manager.cache_dir:
+    if type(manager) not in (FileCacheManager, StoreCacheManager) or not manager.cache_dir:
         return None
     return manager.cache_dir
 
@@ -121,6 +122,9 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None, thorough: boo
     the size its manifest records and metadata naming the entry. For a background pass that only decides
     what to queue; the launch that loads the entry checks it in full."""
     try:
+        manager = get_cache_manager(predicted_hash)
+        if isinstance(manager, StoreCacheManager):  # another node's build: into the local cache, checked below
+            manager.fetch_if_missing(f"{cache_file_stem(kernel_name)}.json")
         folder = folder_of(predicted_hash)
         if folder is None:  # not Triton's file cache: its own manager decides what a hit is
             group = get_cache_manager(predicted_hash).get_group(f"{cache_file_stem(kernel_name)}.json")

@@ -371,15 +371,14 @@ class PlanStore:
 
     # -- the deployment's store -------------------------------------------------------------------------
     def _publish(self, path: Path, text: bytes) -> None:
-        if self.shared is None:
+        if self.shared is None or self.shared.writes_off:
             return
         try:
             self.shared.put(f"plans/{path.name}", text)
         except StoreDown:
             pass  # the store said so itself
         except StoreError as exc:
-            say_once("plan-put", "jit_ahead store %s: a plan could not be published (%s); other nodes plan it "
-                     "themselves", self.shared.describe(), exc)
+            self.shared.writes_failed(f"plan {path.name}", exc)
 
     def _fetch(self, path: Path) -> None:
         """The store's plan of this name, written into this folder (then read and checked as any saved plan)."""

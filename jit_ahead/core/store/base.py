@@ -61,6 +61,18 @@ def unframe(name: str, data: bytes) -> bytes:
 class Store(ABC):
     """Where builds are published and fetched by name."""
 
+    writes_off = False  # set by ``writes_failed``: a full, read-only or refusing store is not written again
+
+    def writes_failed(self, what: str, exc: Exception) -> None:
+        """The first write this store refused (publish or claim): one line, and no more writes from this
+        process; it still reads."""
+        with _lock:
+            first, self.writes_off = not self.writes_off, True
+        if first:
+            log.warning("jit_ahead store %s: could not publish %s (%s); this process writes nothing more there (no "
+                        "publish, no claim: other nodes build what it builds), and serves on", self.describe(), what,
+                        exc)
+
     @abstractmethod
     def get(self, name: str) -> bytes | None:
         """The entry's bytes, None if there is none; StoreError if it is there and unusable."""
@@ -69,6 +81,16 @@ class Store(ABC):
     def put(self, name: str, data: bytes) -> None:
         """Publish ``data`` as ``name``, whole or not at all (readers never see part of it); StoreError if the
         store cannot take it."""
+
+    @abstractmethod
+    def claim(self, name: str, owner: str, seconds: float) -> str | None:
+        """Hold the claim ``name`` for ``owner`` for ``seconds``: taken when free or lapsed, renewed when
+        ``owner`` holds it. None when ``owner`` holds it now, else who does. Claims are apart from entries:
+        a node claims what it is about to build, so that the others wait for its entry instead."""
+
+    @abstractmethod
+    def release(self, name: str, owner: str) -> None:
+        """Let go of ``owner``'s claim ``name`` (nothing if another holds it)."""
 
     @abstractmethod
     def names(self, prefix: str) -> list[str]:

@@ -16,6 +16,19 @@ from .base import Store, StoreDown, StoreError, check_name, frame, unframe
 log = logging.getLogger("jit_ahead.store")
 
 PREFIX = "jit_ahead:"
+CLAIMS = "jit_ahead-claim:"  # apart from entries: a prefix of names() never lists a claim
+# KEYS[1] the claim, ARGV[1] the owner, ARGV[2] its lifetime in ms; returns nil when the owner holds it now,
+# else who does. A claim whose holder stops renewing it lapses by Redis's own expiry.
+_CLAIM = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return nil end
+local held = redis.call('get', KEYS[1])
+if held == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return nil end
+return held
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 TIMEOUT_KNOB = "JIT_AHEAD_STORE_TIMEOUT_S"
 MAX_ENTRY_BYTES = 512 << 20  # Redis's own limit for a value
 
@@ -54,6 +67,20 @@ class RedisStore(Store):
             return None  # one line said so: lookups miss at once
         data = self._command(name, lambda: self._client.get(key))
         return None if data is None else unframe(name, data)
+
+    def claim(self, name: str, owner: str, seconds: float) -> str | None:
+        key = CLAIMS + check_name(name)
+        if self._down is not None:
+            raise StoreDown(f"{name}: the store is down ({self._down})")
+        ms = max(1, int(seconds * 1000))
+        # taken when free (SET NX), renewed when ours: one script, so no other taker comes in between
+        held = self._command(name, lambda: self._client.eval(_CLAIM, 1, key, owner, ms))
+        return None if held is None else held.decode(errors="replace")
+
+    def release(self, name: str, owner: str) -> None:
+        key = CLAIMS + check_name(name)
+        if self._down is None:
+            self._command(name, lambda: self._client.eval(_RELEASE, 1, key, owner))
 
     def names(self, prefix: str) -> list[str]:
         pattern = PREFIX + check_name(prefix) + "/*"
