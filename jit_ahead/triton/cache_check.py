@@ -85,7 +85,10 @@ def _files_of(folder: str, kernel_name: str, paths: dict[str, str]) -> list[str]
 
 def folder_of(predicted_hash: str) -> str | None:
     """The entry's folder in Triton's file cache; None for another cache manager."""
-    manager = get_cache_manager(predicted_hash)
+    return _file_cache_folder(get_cache_manager(predicted_hash))
+
+
+def _file_cache_folder(manager) -> str | None:
     if type(manager) not in (FileCacheManager, StoreCacheManager) or not manager.cache_dir:
         return None
     return manager.cache_dir
@@ -125,9 +128,9 @@ def check(predicted_hash: str, kernel_name: str, arch: int | None, thorough: boo
         manager = get_cache_manager(predicted_hash)
         if isinstance(manager, StoreCacheManager):  # another node's build: into the local cache, checked below
             manager.fetch_if_missing(f"{cache_file_stem(kernel_name)}.json")
-        folder = folder_of(predicted_hash)
+        folder = _file_cache_folder(manager)
         if folder is None:  # not Triton's file cache: its own manager decides what a hit is
-            group = get_cache_manager(predicted_hash).get_group(f"{cache_file_stem(kernel_name)}.json")
+            group = manager.get_group(f"{cache_file_stem(kernel_name)}.json")
             return (Entry.OK if group else Entry.MISSING), ""
     except (OSError, ValueError, AttributeError):  # the cache cannot be reached: a miss, as Triton sees it
         return Entry.MISSING, ""

@@ -96,11 +96,16 @@ class DirectoryStore(Store):
         if held is not None and held.get("owner") == owner:
             self._take_over(path, held)
 
-    def _write_aside(self, path: Path, data: bytes) -> None:
+    def _write_aside(self, path: Path, data: bytes, durable: bool = False) -> None:
+        """``data`` as ``path``, written in the store's tmp folder and renamed into place (``durable``: on disk
+        before it has a name readers look for)."""
         fd, aside = tempfile.mkstemp(prefix=f"{path.name}.", dir=self.aside)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(aside, path)
         except OSError:
             try:
@@ -122,20 +127,8 @@ class DirectoryStore(Store):
         path = self.entries / check_name(name)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, aside = tempfile.mkstemp(prefix=f"{path.name}.", dir=self.aside)
+            self._write_aside(path, frame(data), durable=True)
         except OSError as exc:
-            raise StoreError(f"{name}: {exc.strerror or exc}") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(frame(data))
-                f.flush()
-                os.fsync(f.fileno())  # whole on disk before it has a name readers look for
-            os.replace(aside, path)
-        except OSError as exc:
-            try:
-                os.unlink(aside)
-            except OSError:
-                pass
             raise StoreError(f"{name}: {exc.strerror or errno.errorcode.get(exc.errno, exc)}") from None
 
 
